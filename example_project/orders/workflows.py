@@ -1,0 +1,100 @@
+"""The example shop's order workflow.
+
+order.placed → reserve stock → wait for order.paid (matched on order id, with
+a payment window) → if unpaid: cancel; if paid: charge (a flaky payment
+provider, retried with backoff) → wait before shipping → ship.
+"""
+
+from __future__ import annotations
+
+from kumiko_workflows import define_workflow, on_event, steps
+
+
+class ChargeDeclined(Exception):
+    """The (simulated) payment provider declined; worth trying again."""
+
+
+def order_key(event) -> str:
+    return event.payload["order_id"]
+
+
+def order_id(ctx) -> str:
+    return order_key(ctx.event)
+
+
+def reserve_stock(ctx) -> dict:
+    items = ctx.event.payload.get("items", [])
+    ctx.append_event(ctx.event.aggregate_id, "order", "order.stock-reserved", {"items": items})
+    return {"items": len(items)}
+
+
+def match_this_order(ctx) -> dict:
+    return {
+        "version": 1,
+        "expr": {
+            "kind": "atom",
+            "path": ["order_id"],
+            "op": {"kind": "eq", "value": order_id(ctx)},
+        },
+    }
+
+
+def payment_window(ctx) -> str:
+    return ctx.event.payload.get("payment_window", "P3D")
+
+
+def unpaid(ctx) -> bool:
+    return ctx.steps["paid"] is None
+
+
+def cancel_order(ctx) -> str:
+    ctx.append_event(ctx.event.aggregate_id, "order", "order.cancelled", {"reason": "unpaid"})
+    return "cancelled"
+
+
+def charge(ctx) -> dict:
+    # The demo's provider declines the first `declines` attempts of an order.
+    if ctx.retry_attempt <= ctx.event.payload.get("declines", 0):
+        raise ChargeDeclined(f"card declined on attempt {ctx.retry_attempt}")
+    amount = ctx.steps["paid"]["amount"]
+    ctx.append_event(ctx.event.aggregate_id, "order", "order.charged", {"amount": amount})
+    return {"amount": amount, "attempt": ctx.retry_attempt}
+
+
+def retry_base(ctx) -> str:
+    return ctx.event.payload.get("retry_base", "PT30S")
+
+
+def ship_delay(ctx) -> str:
+    return ctx.event.payload.get("ship_after", "PT1H")
+
+
+def ship(ctx) -> str:
+    ctx.append_event(ctx.event.aggregate_id, "order", "order.shipped", {})
+    return "shipped"
+
+
+order_fulfilment = define_workflow(
+    name="order-fulfilment",
+    trigger=on_event("order.placed"),
+    idempotency_key=order_key,
+    awaits={"paid": "order.paid"},
+    steps=[
+        steps.compute("reserve", reserve_stock),
+        steps.wait_for_event("paid", match=match_this_order, timeout=payment_window),
+        steps.branch(
+            if_=unpaid,
+            then=[steps.compute("cancel", cancel_order)],
+            else_=[
+                steps.retry(
+                    times=4,
+                    backoff="exponential",
+                    base_delay=retry_base,
+                    do=[steps.compute("charge", charge)],
+                ),
+                steps.wait(ship_delay),
+                steps.compute("ship", ship),
+            ],
+        ),
+    ],
+)

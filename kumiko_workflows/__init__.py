@@ -1,0 +1,70 @@
+"""Durable, event-sourced workflows for Django.
+
+The public names are importable from here. They are resolved lazily so that
+``"kumiko_workflows"`` can sit in ``INSTALLED_APPS`` without this module
+importing models before Django's app registry is ready.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("kumiko-workflows")
+except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
+    __version__ = "0.0.0"
+
+_EXPORTS = {
+    "define_workflow": "kumiko_workflows.definition",
+    "on_event": "kumiko_workflows.definition",
+    "on_cron": "kumiko_workflows.definition",
+    "run_id_for": "kumiko_workflows.definition",
+    "steps": "kumiko_workflows.steps",
+    "event_types": "kumiko_workflows.event_types",
+    "append_event": "kumiko_workflows.store",
+    "load_stream": "kumiko_workflows.store",
+    "VersionConflict": "kumiko_workflows.exceptions",
+    "resume_due_runs": "kumiko_workflows.resume",
+    "cancel_run": "kumiko_workflows.resume",
+    "wake_run": "kumiko_workflows.resume",
+    "retry_run": "kumiko_workflows.resume",
+    "fire_due_schedules": "kumiko_workflows.cron",
+}
+
+__all__ = [
+    "VersionConflict",
+    "__version__",
+    "append_event",
+    "cancel_run",
+    "define_workflow",
+    "event_types",
+    "fire_due_schedules",
+    "load_stream",
+    "on_cron",
+    "on_event",
+    "resume_due_runs",
+    "retry_run",
+    "run_id_for",
+    "steps",
+    "wake_run",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kumiko_workflows import event_types, steps
+    from kumiko_workflows.cron import fire_due_schedules
+    from kumiko_workflows.definition import define_workflow, on_cron, on_event, run_id_for
+    from kumiko_workflows.exceptions import VersionConflict
+    from kumiko_workflows.resume import cancel_run, resume_due_runs, retry_run, wake_run
+    from kumiko_workflows.store import append_event, load_stream
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'kumiko_workflows' has no attribute {name!r}")
+    module = import_module(module_name)
+    value = module if module_name.endswith("." + name) else getattr(module, name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,86 @@
+"""System checks for settings and workflow definitions (``kumiko_workflows.E0xx``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.core import checks
+
+from kumiko_workflows.conf import DEFAULTS, workflow_settings
+
+
+@checks.register("kumiko_workflows")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.conf import settings
+
+    errors: list[checks.CheckMessage] = []
+    raw = getattr(settings, "KUMIKO_WORKFLOWS", {})
+    if not isinstance(raw, dict):
+        return [checks.Error("KUMIKO_WORKFLOWS must be a dict.", id="kumiko_workflows.E020")]
+    for key in sorted(set(raw) - set(DEFAULTS)):
+        errors.append(
+            checks.Error(
+                f"KUMIKO_WORKFLOWS has an unknown setting {key!r}.",
+                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+                id="kumiko_workflows.E021",
+            )
+        )
+    positive = (
+        "MAX_PAYLOAD_BYTES",
+        "RETRY_BASE_DELAY",
+        "WORKER_INTERVAL",
+        "BATCH_SIZE",
+        "CRON_CATCH_UP_LIMIT",
+    )
+    for key in positive:
+        value = getattr(workflow_settings, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            errors.append(
+                checks.Error(
+                    f"KUMIKO_WORKFLOWS[{key!r}] must be a positive number, got {value!r}.",
+                    hint=f"The default is {DEFAULTS[key]!r}.",
+                    id="kumiko_workflows.E022",
+                )
+            )
+    tenant = workflow_settings.DEFAULT_TENANT
+    if not isinstance(tenant, str) or not tenant or len(tenant) > 100:
+        errors.append(
+            checks.Error(
+                f"KUMIKO_WORKFLOWS['DEFAULT_TENANT'] must be a string of 1-100 characters, "
+                f"got {tenant!r}.",
+                id="kumiko_workflows.E023",
+            )
+        )
+    for key in ("CRON_TENANTS", "ADMIN_TENANT"):
+        from kumiko_workflows.conf import import_callable
+
+        try:
+            import_callable(getattr(workflow_settings, key), key)
+        except Exception as exc:
+            errors.append(
+                checks.Error(
+                    str(exc),
+                    hint="Give a callable or a dotted path to one.",
+                    id="kumiko_workflows.E024",
+                )
+            )
+    return errors
+
+
+@checks.register("kumiko_workflows")
+def check_workflows(
+    app_configs: Any = None, workflows: Iterable[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Run definition validation over every registered workflow."""
+    from kumiko_workflows.definition import registry, validate
+
+    errors: list[checks.CheckMessage] = []
+    for workflow in registry.all() if workflows is None else workflows:
+        for problem in validate(workflow):
+            errors.append(
+                checks.Error(
+                    problem.message, hint=problem.hint or None, obj=workflow, id=problem.id
+                )
+            )
+    return errors

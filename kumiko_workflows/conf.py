@@ -1,0 +1,65 @@
+"""The ``KUMIKO_WORKFLOWS`` settings dict, read lazily with documented defaults.
+
+Every attribute access reads ``django.conf.settings`` again, so
+``override_settings`` and pytest-django's ``settings`` fixture just work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULTS: dict[str, Any] = {
+    # Tenant used when append_event() is called without tenant_id.
+    "DEFAULT_TENANT": "default",
+    # Largest JSON payload (and metadata) one event may carry, in bytes.
+    "MAX_PAYLOAD_BYTES": 256 * 1024,
+    # Base delay of retry backoff, in seconds, when a retry step gives none.
+    "RETRY_BASE_DELAY": 10.0,
+    # Longest sleep of a `resume_due_runs --loop` worker between passes, seconds.
+    "WORKER_INTERVAL": 5.0,
+    # Due rows claimed per transaction by resume_due_runs (each in a savepoint).
+    "BATCH_SIZE": 50,
+    # PostgreSQL channel NOTIFYed when a pending row becomes due now.
+    "NOTIFY_CHANNEL": "kumiko_workflows_due",
+    # Dotted path (or callable) returning the tenants cron workflows fire for;
+    # None means only DEFAULT_TENANT.
+    "CRON_TENANTS": None,
+    # Most missed slots one pass fires for a schedule with catch_up="all".
+    "CRON_CATCH_UP_LIMIT": 100,
+    # Dotted path (or callable) `request -> tenant id or None` that limits a
+    # staff user in the admin to one tenant; None means no scoping.
+    "ADMIN_TENANT": None,
+}
+
+
+class WorkflowSettings:
+    """Attribute access to ``settings.KUMIKO_WORKFLOWS`` with defaults."""
+
+    def user_settings(self) -> dict[str, Any]:
+        value = getattr(django_settings, "KUMIKO_WORKFLOWS", None) or {}
+        return dict(value)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"KUMIKO_WORKFLOWS has no setting {name!r}")
+        return self.user_settings().get(name, DEFAULTS[name])
+
+
+workflow_settings = WorkflowSettings()
+
+
+def import_callable(value: Any, setting: str) -> Any:
+    """Return a callable named by a setting (a callable or a dotted path)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.utils.module_loading import import_string
+
+    if value is None or callable(value):
+        return value
+    try:
+        return import_string(value)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"KUMIKO_WORKFLOWS[{setting!r}] = {value!r} cannot be imported: {exc}"
+        ) from exc

@@ -1,0 +1,521 @@
+"""Workflow definitions: triggers, validation, fingerprints and the registry.
+
+``define_workflow`` validates a definition, computes its fingerprint and
+registers it process-wide. The same validation feeds the system checks, so a
+problem has one message and one check id (``kumiko_workflows.E0xx``) wherever
+it is reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+import zoneinfo
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kumiko_workflows import durations, matching
+from kumiko_workflows.exceptions import (
+    InvalidDuration,
+    InvalidMatchExpression,
+    RegistryNotReady,
+    WorkflowDefinitionError,
+)
+from kumiko_workflows.steps import (
+    BACKOFFS,
+    Compute,
+    Retry,
+    Step,
+    Wait,
+    WaitForEvent,
+    _step_list,
+    callable_name,
+    describe_value,
+)
+
+logger = logging.getLogger("kumiko_workflows.definition")
+
+CATCH_UP_POLICIES = ("skip", "latest", "all")
+_RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-run")
+
+
+# --- triggers -------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class EventTrigger:
+    event_type: str
+    filter: Callable[[Any], Any] | None = None
+    kind = "event"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "event",
+            "type": self.event_type,
+            "filter": callable_name(self.filter) if self.filter else None,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class CronTrigger:
+    expression: str
+    timezone: str = "UTC"
+    catch_up: str = "latest"
+    kind = "cron"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "cron",
+            "expression": self.expression,
+            "timezone": self.timezone,
+            "catch_up": self.catch_up,
+        }
+
+    @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.timezone)
+
+
+def on_event(event_type: str, filter: Callable[[Any], Any] | None = None) -> EventTrigger:
+    """Start a run whenever an event of ``event_type`` is appended (and ``filter(event)``)."""
+    if not isinstance(event_type, str) or not event_type.strip():
+        raise WorkflowDefinitionError(f"on_event() needs an event type, got {event_type!r}")
+    if filter is not None and not callable(filter):
+        raise WorkflowDefinitionError(f"on_event(filter=...) must be callable, got {filter!r}")
+    return EventTrigger(event_type, filter)
+
+
+def cron_problem(expression: Any, timezone: Any, catch_up: Any) -> str | None:
+    """Why a cron trigger's arguments are invalid, or None."""
+    from croniter import croniter
+
+    if not isinstance(expression, str) or not expression.strip():
+        return f"cron expression must be a non-empty string, got {expression!r}"
+    fields = expression.split()
+    if len(fields) not in (5, 6):
+        return (
+            f"cron expression {expression!r} has {len(fields)} fields; give 5 "
+            "(minute hour day month weekday) or 6 (with seconds last)"
+        )
+    try:
+        if not croniter.is_valid(expression):
+            return f"cron expression {expression!r} is not valid"
+    except Exception as exc:  # croniter raises assorted errors on odd input
+        return f"cron expression {expression!r} is not valid: {exc}"
+    if not isinstance(timezone, str):
+        return f"cron timezone must be an IANA name like 'Europe/Berlin', got {timezone!r}"
+    try:
+        zoneinfo.ZoneInfo(timezone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return f"cron timezone {timezone!r} is not a known IANA time zone"
+    if catch_up not in CATCH_UP_POLICIES:
+        return f"cron catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {catch_up!r}"
+    return None
+
+
+def on_cron(expression: str, timezone: str = "UTC", catch_up: str = "latest") -> CronTrigger:
+    """Start a run at each slot of a cron expression, in ``timezone``.
+
+    ``catch_up`` says what a pass does with slots missed while no scheduler
+    ran: ``skip`` fires none, ``latest`` fires the most recent once, ``all``
+    fires each (at most ``KUMIKO_WORKFLOWS['CRON_CATCH_UP_LIMIT']`` a pass).
+    """
+    problem = cron_problem(expression, timezone, catch_up)
+    if problem:
+        raise WorkflowDefinitionError(f"[kumiko_workflows.E008] {problem}")
+    return CronTrigger(expression, timezone, catch_up)
+
+
+# --- validation -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    message: str
+    hint: str = ""
+
+
+def path_text(path: Sequence[Any]) -> str:
+    return ".".join(str(part) for part in path)
+
+
+def parse_path(text: str) -> tuple[Any, ...]:
+    """``"2.then.0"`` -> ``(2, "then", 0)``; raises ValueError on malformed text."""
+    if not text:
+        return ()
+    parts: list[Any] = []
+    for i, part in enumerate(text.split(".")):
+        if i % 2 == 0:
+            if not part.isdigit():
+                raise ValueError(f"step position {text!r} is malformed")
+            parts.append(int(part))
+        else:
+            if part not in ("then", "else", "do"):
+                raise ValueError(f"step position {text!r} is malformed")
+            parts.append(part)
+    return tuple(parts)
+
+
+def iter_steps(
+    steps: Sequence[Step], prefix: tuple[Any, ...] = ()
+) -> Iterator[tuple[tuple[Any, ...], Step]]:
+    for i, step in enumerate(steps):
+        path = (*prefix, i)
+        yield path, step
+        for arm, children in step.arms().items():
+            yield from iter_steps(children, (*path, arm))
+
+
+def _is_static(value: Any) -> bool:
+    return not callable(value)
+
+
+def validate(workflow: Workflow) -> list[Problem]:
+    """Every problem of a definition, as (check id, message, hint)."""
+    problems: list[Problem] = []
+    name = workflow.name
+
+    def add(check: str, message: str, hint: str = "") -> None:
+        problems.append(Problem(f"kumiko_workflows.{check}", f"workflow {name!r}: {message}", hint))
+
+    if not workflow.steps:
+        add("E013", "has no steps", "Give define_workflow(steps=[...]) at least one step.")
+    if isinstance(workflow.trigger, CronTrigger):
+        problem = cron_problem(
+            workflow.trigger.expression, workflow.trigger.timezone, workflow.trigger.catch_up
+        )
+        if problem:
+            add("E008", problem, "Use a 5-field cron expression and an IANA time zone.")
+    seen: dict[str, str] = {}
+    for path, step in iter_steps(workflow.steps):
+        where = f"step {path_text(path)} ({step.label()})"
+        result_name = (
+            step.name
+            if isinstance(step, Compute)
+            else step.awaits_key
+            if isinstance(step, WaitForEvent)
+            else None
+        )
+        if result_name is not None:
+            if result_name in seen:
+                add(
+                    "E007",
+                    f"{where} stores its result as ctx.steps[{result_name!r}], which "
+                    f"{seen[result_name]} already uses",
+                    "Give every compute step and awaits key a distinct name.",
+                )
+            seen[result_name] = where
+        if isinstance(step, Wait) and _is_static(step.for_):
+            _check_time(add, where, "for_", step.for_, required=True)
+        if isinstance(step, WaitForEvent):
+            if step.awaits_key not in workflow.awaits:
+                declared = ", ".join(sorted(workflow.awaits)) or "none"
+                add(
+                    "E001",
+                    f"{where} names awaits key {step.awaits_key!r}, which is not declared "
+                    f"(declared: {declared})",
+                    "Declare it: define_workflow(awaits={key: 'event.type'}).",
+                )
+            if step.match is not None and _is_static(step.match):
+                try:
+                    matching.validate(step.match)
+                except InvalidMatchExpression as exc:
+                    add("E002", f"{where}: {exc}", "See the match expression grammar in README.")
+            if step.timeout is not None and _is_static(step.timeout):
+                _check_time(add, where, "timeout", step.timeout, required=True)
+        if isinstance(step, Retry):
+            for inner_path, inner in iter_steps(step.do, (*path, "do")):
+                if inner.suspends:
+                    add(
+                        "E003",
+                        f"{where} contains the suspending step {path_text(inner_path)} "
+                        f"({inner.label()}); a retry body may not suspend",
+                        "Move waits out of retry(do=[...]).",
+                    )
+            if _is_static(step.times) and (
+                isinstance(step.times, bool) or not isinstance(step.times, int) or step.times < 1
+            ):
+                add("E004", f"{where}: times must be an integer >= 1, got {step.times!r}")
+            if _is_static(step.backoff) and step.backoff not in BACKOFFS:
+                add(
+                    "E005",
+                    f"{where}: backoff must be 'linear' or 'exponential', got {step.backoff!r}",
+                )
+            for arg in ("base_delay", "max_delay"):
+                value = getattr(step, arg)
+                if value is not None and _is_static(value):
+                    try:
+                        durations.as_delay(value)
+                    except InvalidDuration as exc:
+                        add("E006", f"{where}: {arg}={value!r} is invalid: {exc}")
+            if not step.do:
+                add("E013", f"{where} has an empty body", "Give retry(do=[...]) a step.")
+    return problems
+
+
+def _check_time(add: Callable[..., None], where: str, arg: str, value: Any, required: bool) -> None:
+    try:
+        durations.check_static(value)
+    except InvalidDuration as exc:
+        add("E006", f"{where}: {arg}={value!r} is invalid: {exc}")
+
+
+# --- definitions ----------------------------------------------------------
+
+
+def _hash(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Workflow:
+    """A validated, registered workflow definition. Build with :func:`define_workflow`."""
+
+    def __init__(
+        self,
+        name: str,
+        trigger: EventTrigger | CronTrigger,
+        steps: Sequence[Step],
+        idempotency_key: str | Callable[[Any], Any] | None = None,
+        awaits: Mapping[str, str] | None = None,
+        version: int = 1,
+    ) -> None:
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise WorkflowDefinitionError(
+                f"a workflow needs a name (1-200 characters), got {name!r}"
+            )
+        if not isinstance(trigger, EventTrigger | CronTrigger):
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: trigger must be on_event(...) or on_cron(...), got {trigger!r}"
+            )
+        if idempotency_key is not None and not (
+            isinstance(idempotency_key, str) or callable(idempotency_key)
+        ):
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: idempotency_key must be a string, a callable or None"
+            )
+        awaits = dict(awaits or {})
+        for key, event_type in awaits.items():
+            if not isinstance(key, str) or not isinstance(event_type, str) or not event_type:
+                raise WorkflowDefinitionError(
+                    f"workflow {name!r}: awaits maps keys to event types (strings), "
+                    f"got {key!r}: {event_type!r}"
+                )
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: version must be an integer >= 1, got {version!r}"
+            )
+        self.name = name
+        self.trigger = trigger
+        self.steps = _step_list(steps, f"workflow {name!r}: steps")
+        self.idempotency_key = idempotency_key
+        self.awaits = awaits
+        self.version = version
+        self._steps_by_path = {path_text(p): s for p, s in iter_steps(self.steps)}
+        self.step_fingerprints = self._step_fingerprints()
+        self.fingerprint = _hash(self.step_fingerprints)
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name!r} v{self.version} {self.fingerprint[:12]}>"
+
+    def _step_fingerprints(self) -> dict[str, str]:
+        header = {
+            "name": self.name,
+            "version": self.version,
+            "trigger": self.trigger.describe(),
+            "awaits": self.awaits,
+            "idempotency_key": describe_value(self.idempotency_key),
+        }
+        prints = {"workflow": _hash(header)[:16]}
+        for path, step in iter_steps(self.steps):
+            own = step.describe()
+            own["arms"] = {arm: len(children) for arm, children in step.arms().items()}
+            prints[path_text(path)] = _hash(own)[:16]
+        return prints
+
+    def step_at(self, path: str) -> Step | None:
+        return self._steps_by_path.get(path)
+
+    def label(self, path: str) -> str:
+        step = self.step_at(path)
+        return f"step {path} ({step.label()})" if step else f"step {path or '(start)'}"
+
+    def changes_since(self, old_prints: Mapping[str, str] | None) -> str:
+        """Describe how this definition differs from ``old_prints`` (step fingerprints)."""
+        if not old_prints:
+            return "its definition changed"
+        parts = []
+        if old_prints.get("workflow") != self.step_fingerprints["workflow"]:
+            parts.append("the workflow's trigger, version, awaits or idempotency key changed")
+        for path in sorted(set(old_prints) | set(self.step_fingerprints), key=_path_sort_key):
+            if path == "workflow":
+                continue
+            old, new = old_prints.get(path), self.step_fingerprints.get(path)
+            if old == new:
+                continue
+            if old is None:
+                parts.append(f"{self.label(path)} was added")
+            elif new is None:
+                parts.append(f"step {path} was removed")
+            else:
+                parts.append(f"{self.label(path)} changed")
+        return "; ".join(parts) or "its definition changed"
+
+    def next_position(self, path: str) -> str:
+        """The position that runs after the step at ``path`` ('' past the last step)."""
+        parts = parse_path(path)
+        while parts:
+            parent_steps = self.steps
+            for i in range(0, len(parts) - 1, 2):
+                parent_steps = parent_steps[parts[i]].arms()[parts[i + 1]]
+            index = parts[-1]
+            if index + 1 < len(parent_steps):
+                return path_text((*parts[:-1], index + 1))
+            parts = parts[:-2]
+        return ""
+
+
+def _path_sort_key(path: str) -> tuple[Any, ...]:
+    return tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in _safe_parse(path))
+
+
+def _safe_parse(path: str) -> tuple[Any, ...]:
+    try:
+        return parse_path(path)
+    except ValueError:
+        return (10**9, path)
+
+
+class WorkflowRegistry:
+    """The process-wide set of workflow definitions, filled by autodiscovery."""
+
+    def __init__(self) -> None:
+        self._workflows: dict[str, Workflow] = {}
+        self._by_trigger: dict[str, list[Workflow]] | None = None
+        self._awaited: frozenset[str] | None = None
+
+    def _changed(self) -> None:
+        self._by_trigger = None
+        self._awaited = None
+
+    def register(self, workflow: Workflow) -> Workflow:
+        existing = self._workflows.get(workflow.name)
+        if existing is not None:
+            if existing.fingerprint == workflow.fingerprint:
+                return existing  # the same module imported again
+            raise WorkflowDefinitionError(
+                f"a workflow named {workflow.name!r} is already defined; workflow names "
+                "must be unique"
+            )
+        self._workflows[workflow.name] = workflow
+        self._changed()
+        return workflow
+
+    @staticmethod
+    def _check_ready() -> None:
+        from django.apps import apps
+
+        if not apps.ready:
+            raise RegistryNotReady()
+
+    def get(self, name: str) -> Workflow | None:
+        self._check_ready()
+        return self._workflows.get(name)
+
+    def all(self) -> list[Workflow]:
+        self._check_ready()
+        return sorted(self._workflows.values(), key=lambda w: w.name)
+
+    def triggered_by(self, event_type: str) -> list[Workflow]:
+        if self._by_trigger is None:
+            index: dict[str, list[Workflow]] = {}
+            for workflow in self._workflows.values():
+                if isinstance(workflow.trigger, EventTrigger):
+                    index.setdefault(workflow.trigger.event_type, []).append(workflow)
+            self._by_trigger = index
+        return self._by_trigger.get(event_type, [])
+
+    def is_awaited(self, event_type: str) -> bool:
+        if self._awaited is None:
+            self._awaited = frozenset(
+                t for workflow in self._workflows.values() for t in workflow.awaits.values()
+            )
+        return event_type in self._awaited
+
+    def is_trigger(self, event_type: str) -> bool:
+        return bool(self.triggered_by(event_type))
+
+    @contextmanager
+    def override(self, *workflows: Workflow) -> Iterator[None]:
+        """Swap in definitions for the duration of a block (tests, deploy drills).
+
+        Build them with ``define_workflow(..., register=False)``.
+        """
+        saved = dict(self._workflows)
+        try:
+            for workflow in workflows:
+                self._workflows[workflow.name] = workflow
+            self._changed()
+            yield
+        finally:
+            self._workflows = saved
+            self._changed()
+
+    @contextmanager
+    def without(self, *names: str) -> Iterator[None]:
+        """Hide definitions for the duration of a block (an undeployed workflow)."""
+        saved = dict(self._workflows)
+        try:
+            for name in names:
+                self._workflows.pop(name, None)
+            self._changed()
+            yield
+        finally:
+            self._workflows = saved
+            self._changed()
+
+
+registry = WorkflowRegistry()
+
+
+def define_workflow(
+    name: str,
+    trigger: EventTrigger | CronTrigger,
+    steps: Sequence[Step],
+    idempotency_key: str | Callable[[Any], Any] | None = None,
+    awaits: Mapping[str, str] | None = None,
+    version: int = 1,
+    *,
+    register: bool = True,
+) -> Workflow:
+    """Define a workflow and register it under ``name``.
+
+    Raises :class:`WorkflowDefinitionError` naming the first problem (with its
+    system check id). Pass ``register=False`` to build a definition without
+    registering it (for :meth:`WorkflowRegistry.override`).
+    """
+    workflow = Workflow(name, trigger, steps, idempotency_key, awaits, version)
+    problems = validate(workflow)
+    if problems:
+        first = problems[0]
+        hint = f" HINT: {first.hint}" if first.hint else ""
+        raise WorkflowDefinitionError(f"[{first.id}] {first.message}.{hint}")
+    return registry.register(workflow) if register else workflow
+
+
+def run_id_for(workflow_name: str, idempotency_key: Any, tenant_id: str | None = None) -> uuid.UUID:
+    """The run id for a workflow, idempotency key and tenant (uuid5; stable forever)."""
+    from kumiko_workflows.conf import workflow_settings
+
+    if tenant_id is None:
+        tenant_id = workflow_settings.DEFAULT_TENANT
+    if isinstance(idempotency_key, bool) or not isinstance(idempotency_key, str | int | uuid.UUID):
+        raise WorkflowDefinitionError(
+            f"idempotency key must be a string (or int/UUID), got {idempotency_key!r}"
+        )
+    return uuid.uuid5(_RUN_NAMESPACE, f"{tenant_id}\x1f{workflow_name}\x1f{idempotency_key}")

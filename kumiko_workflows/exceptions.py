@@ -1,0 +1,69 @@
+"""Errors raised by kumiko_workflows.
+
+Each class's docstring is its default message. Mistakes in configuration or in
+a workflow definition subclass ``ImproperlyConfigured``.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class WorkflowError(Exception):
+    """A kumiko_workflows operation failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class InvalidEvent(WorkflowError, ValueError):
+    """The event cannot be appended: its arguments are invalid."""
+
+
+class VersionConflict(WorkflowError):
+    """The stream moved: another writer appended at the expected version first."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        aggregate_id: object = None,
+        expected_version: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.aggregate_id = aggregate_id
+        self.expected_version = expected_version
+
+
+class AppendOnlyError(WorkflowError):
+    """Events are append-only: they cannot be changed or deleted through the ORM."""
+
+
+class WorkflowDefinitionError(WorkflowError, ImproperlyConfigured):
+    """The workflow definition is invalid."""
+
+
+class RegistryNotReady(WorkflowError, ImproperlyConfigured):
+    """Workflows are not loaded yet.
+
+    kumiko_workflows discovers the `workflows` modules of installed apps when
+    Django's app registry is ready. Use workflows after django.setup() has run
+    (for example not at import time of a models module), and make sure
+    "kumiko_workflows" is in INSTALLED_APPS.
+    """
+
+
+class InvalidDuration(WorkflowError, ValueError):
+    """The value is not a valid duration or instant."""
+
+
+class InvalidMatchExpression(WorkflowError, ValueError):
+    """The match expression is malformed."""
+
+
+class RunNotFound(WorkflowError, LookupError):
+    """No workflow run has that id."""
+
+
+class RunNotRetryable(WorkflowError):
+    """The run cannot be retried."""

@@ -1,0 +1,58 @@
+"""Turning Python values into the JSON an event or a step result may hold.
+
+Errors name the key path of the offending value (``payload['items'][2]``) so a
+caller sees at once what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from datetime import date, datetime
+from typing import Any
+
+MAX_DEPTH = 64
+
+
+class NotJSON(ValueError):
+    """A value cannot be stored as JSON; the message names its key path."""
+
+
+def to_json(value: Any, where: str, _depth: int = 0) -> Any:
+    """Return ``value`` as plain JSON types, or raise :class:`NotJSON`.
+
+    Aware datetimes become ISO 8601 strings and UUIDs strings; naive datetimes,
+    NaN/infinity, non-string keys and any other object are refused.
+    """
+    if _depth > MAX_DEPTH:
+        raise NotJSON(f"{where} is nested more than {MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, bool | str | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise NotJSON(f"{where} is {value!r}, which JSON cannot hold")
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise NotJSON(f"{where} has a key {key!r} that is not a string")
+            out[key] = to_json(item, f"{where}[{key!r}]", _depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [to_json(item, f"{where}[{i}]", _depth + 1) for i, item in enumerate(value)]
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise NotJSON(f"{where} is a naive datetime ({value.isoformat()}); give it a time zone")
+        return value.isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise NotJSON(f"{where} is a {type(value).__name__}, which is not JSON-serialisable")
+
+
+def json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())

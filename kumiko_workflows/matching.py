@@ -1,0 +1,210 @@
+"""Match expressions: which awaited event a ``wait_for_event`` step accepts.
+
+An expression is stored as JSON: ``{"version": 1, "expr": E}`` where ``E`` is
+``{"kind": "and"|"or", "nodes": [E, ...]}`` or
+``{"kind": "atom", "path": [key, ...], "op": OP}`` and ``OP`` is
+``{"kind": "eq"|"ne"|"gt"|"gte"|"lt"|"lte", "value": v}`` or
+``{"kind": "in", "values": [...]}``. :func:`validate` raises
+:class:`InvalidMatchExpression` naming what is wrong and where;
+:func:`matches` never raises for any payload.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kumiko_workflows.exceptions import InvalidMatchExpression
+
+COMPARE_OPS = frozenset({"eq", "ne", "gt", "gte", "lt", "lte"})
+ORDERED_OPS = frozenset({"gt", "gte", "lt", "lte"})
+MAX_DEPTH = 16
+MAX_NODES = 256
+MAX_PATH = 16
+MAX_BYTES = 64 * 1024
+
+
+def _fail(where: str, message: str) -> InvalidMatchExpression:
+    return InvalidMatchExpression(f"match expression {where}: {message}")
+
+
+def _is_json_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+def validate(expression: Any) -> dict[str, Any]:
+    """Return ``expression`` if it is well formed, else raise InvalidMatchExpression."""
+    if not isinstance(expression, dict):
+        raise _fail(
+            "",
+            f"must be a dict like {{'version': 1, 'expr': ...}}, got {type(expression).__name__}",
+        )
+    extra = set(expression) - {"version", "expr"}
+    if extra:
+        raise _fail("", f"unknown keys {sorted(map(str, extra))}; expected 'version' and 'expr'")
+    if expression.get("version") != 1 or isinstance(expression.get("version"), bool):
+        raise _fail("['version']", f"must be 1, got {expression.get('version')!r}")
+    if "expr" not in expression:
+        raise _fail("", "has no 'expr'")
+    try:
+        size = len(json.dumps(expression))
+    except (TypeError, ValueError) as exc:
+        raise _fail("", f"is not JSON-serialisable ({exc})") from None
+    if size > MAX_BYTES:
+        raise _fail("", f"is {size} bytes, over the limit of {MAX_BYTES}")
+    count = [0]
+    _validate_node(expression["expr"], "['expr']", 1, count)
+    return expression
+
+
+def _validate_node(node: Any, where: str, depth: int, count: list[int]) -> None:
+    count[0] += 1
+    if count[0] > MAX_NODES:
+        raise _fail(where, f"the expression has more than {MAX_NODES} nodes")
+    if depth > MAX_DEPTH:
+        raise _fail(where, f"is nested more than {MAX_DEPTH} levels deep")
+    if not isinstance(node, dict):
+        raise _fail(where, f"must be a dict with a 'kind', got {type(node).__name__}")
+    kind = node.get("kind")
+    if kind in ("and", "or"):
+        if set(node) != {"kind", "nodes"}:
+            raise _fail(where, f"an {kind!r} node takes exactly 'kind' and 'nodes'")
+        nodes = node["nodes"]
+        if not isinstance(nodes, list) or not nodes:
+            raise _fail(f"{where}['nodes']", "must be a non-empty list")
+        for i, child in enumerate(nodes):
+            _validate_node(child, f"{where}['nodes'][{i}]", depth + 1, count)
+        return
+    if kind != "atom":
+        raise _fail(f"{where}['kind']", f"must be 'and', 'or' or 'atom', got {kind!r}")
+    if set(node) != {"kind", "path", "op"}:
+        raise _fail(where, "an 'atom' node takes exactly 'kind', 'path' and 'op'")
+    path = node["path"]
+    if not isinstance(path, list) or not path:
+        raise _fail(f"{where}['path']", "must be a non-empty list of keys")
+    if len(path) > MAX_PATH:
+        raise _fail(f"{where}['path']", f"is longer than {MAX_PATH} keys")
+    for i, key in enumerate(path):
+        if isinstance(key, bool) or not isinstance(key, str | int):
+            raise _fail(f"{where}['path'][{i}]", f"must be a string or an integer, got {key!r}")
+    op = node["op"]
+    if not isinstance(op, dict):
+        raise _fail(f"{where}['op']", "must be a dict with a 'kind'")
+    op_kind = op.get("kind")
+    if op_kind in COMPARE_OPS:
+        if set(op) != {"kind", "value"}:
+            raise _fail(f"{where}['op']", f"an {op_kind!r} op takes exactly 'kind' and 'value'")
+        if not _is_json_scalar(op["value"]):
+            raise _fail(f"{where}['op']['value']", "must be a string, number, boolean or null")
+    elif op_kind == "in":
+        if set(op) != {"kind", "values"}:
+            raise _fail(f"{where}['op']", "an 'in' op takes exactly 'kind' and 'values'")
+        values = op["values"]
+        if not isinstance(values, list):
+            raise _fail(f"{where}['op']['values']", "must be a list")
+        for i, value in enumerate(values):
+            if not _is_json_scalar(value):
+                raise _fail(
+                    f"{where}['op']['values'][{i}]", "must be a string, number, boolean or null"
+                )
+    else:
+        raise _fail(
+            f"{where}['op']['kind']",
+            f"unknown op {op_kind!r}; use one of eq, ne, gt, gte, lt, lte, in",
+        )
+
+
+_MISSING = object()
+
+
+def _lookup(payload: Any, path: list[Any]) -> Any:
+    value = payload
+    for key in path:
+        if isinstance(value, dict) and isinstance(key, str):
+            value = value.get(key, _MISSING)
+        elif isinstance(value, list) and isinstance(key, int) and -len(value) <= key < len(value):
+            value = value[key]
+        else:
+            return _MISSING
+        if value is _MISSING:
+            return _MISSING
+    return value
+
+
+def _category(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    return "other"
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return _category(a) == _category(b) and _category(a) != "other" and a == b
+
+
+def _compare(op: str, actual: Any, expected: Any) -> bool:
+    if op == "eq":
+        return _equal(actual, expected)
+    if op == "ne":
+        return actual is not _MISSING and not _equal(actual, expected)
+    kind = _category(actual)
+    if kind not in ("number", "string") or kind != _category(expected):
+        return False
+    if op == "gt":
+        return actual > expected
+    if op == "gte":
+        return actual >= expected
+    if op == "lt":
+        return actual < expected
+    return actual <= expected
+
+
+def _evaluate(node: dict[str, Any], payload: Any) -> bool:
+    kind = node["kind"]
+    if kind == "and":
+        return all(_evaluate(child, payload) for child in node["nodes"])
+    if kind == "or":
+        return any(_evaluate(child, payload) for child in node["nodes"])
+    actual = _lookup(payload, node["path"])
+    op = node["op"]
+    if op["kind"] == "in":
+        return any(_equal(actual, value) for value in op["values"])
+    return _compare(op["kind"], actual, op["value"])
+
+
+def matches(expression: dict[str, Any] | None, payload: Any) -> bool:
+    """Whether ``payload`` satisfies ``expression`` (None matches anything).
+
+    ``expression`` must have passed :func:`validate`; any payload is safe.
+    """
+    if expression is None:
+        return True
+    return _evaluate(expression["expr"], payload)
+
+
+def describe(expression: dict[str, Any] | None) -> str:
+    """The expression in plain words, for the admin."""
+    if expression is None:
+        return "any event"
+    return _describe(expression["expr"])
+
+
+_OP_WORDS = {"eq": "=", "ne": "≠", "gt": ">", "gte": "≥", "lt": "<", "lte": "≤"}
+
+
+def _describe(node: dict[str, Any]) -> str:
+    if node["kind"] in ("and", "or"):
+        parts = [_describe(child) for child in node["nodes"]]
+        joined = f" {node['kind']} ".join(parts)
+        return joined if len(parts) == 1 else f"({joined})"
+    path = ".".join(str(key) for key in node["path"])
+    op = node["op"]
+    if op["kind"] == "in":
+        values = ", ".join(json.dumps(v) for v in op["values"])
+        return f"{path} is one of [{values}]"
+    return f"{path} {_OP_WORDS[op['kind']]} {json.dumps(op['value'])}"

@@ -1,0 +1,209 @@
+"""The event store and the two tables projected from it.
+
+``Event`` is the append-only log. ``WorkflowRun`` (one row per run: its status)
+and ``WorkflowRunPending`` (one row per suspended step: when it is due) are
+projections: ``rebuild_workflow_projections`` recreates them from the events.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from kumiko_workflows.exceptions import AppendOnlyError
+
+
+class EventQuerySet(models.QuerySet):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnlyError("Events are append-only: QuerySet.update() is refused.")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("Events are append-only: QuerySet.delete() is refused.")
+
+    def of_type_after(self, tenant_id: str, type: str, after_id: int) -> EventQuerySet:
+        """Events of one type in one tenant appended after event id ``after_id``."""
+        return self.filter(tenant_id=tenant_id, type=type, id__gt=after_id).order_by("id")
+
+
+class Event(models.Model):
+    """One immutable domain or workflow event.
+
+    ``id`` is the global order. ``(aggregate_id, version)`` is unique: two
+    writers appending the same version of a stream cannot both succeed.
+    Rows are written by :func:`kumiko_workflows.append_event`; ``save()`` of an
+    existing row, ``delete()`` and ``QuerySet.update()/delete()`` refuse.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    aggregate_id = models.UUIDField()
+    aggregate_type = models.CharField(max_length=100)
+    version = models.PositiveIntegerField()
+    type = models.CharField(max_length=200)
+    event_version = models.PositiveSmallIntegerField(default=1)
+    payload = models.JSONField(default=dict)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_by = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["aggregate_id", "version"], name="kw_event_stream_version"
+            ),
+            models.CheckConstraint(condition=Q(version__gte=1), name="kw_event_version_gte_1"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant_id", "type", "id"], name="kw_event_tenant_type_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.id} ({self.aggregate_type} {self.aggregate_id} v{self.version})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AppendOnlyError(
+                f"Event #{self.pk} is append-only and cannot be changed; append a new event."
+            )
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise AppendOnlyError(f"Event #{self.pk} is append-only and cannot be deleted.")
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    WAITING = "waiting", "waiting"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+SETTLED_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class SuspensionType(models.TextChoices):
+    WAIT = "wait", "wait"
+    EVENT = "event", "wait for event"
+    RETRY = "retry", "retry backoff"
+    RERUN = "rerun", "rerun after failure"
+
+
+class WorkflowRunQuerySet(models.QuerySet):
+    def failed(self) -> WorkflowRunQuerySet:
+        return self.filter(status=RunStatus.FAILED)
+
+    def waiting(self) -> WorkflowRunQuerySet:
+        return self.filter(status=RunStatus.WAITING)
+
+    def for_tenant(self, tenant_id: str | None) -> WorkflowRunQuerySet:
+        return self if tenant_id is None else self.filter(tenant_id=tenant_id)
+
+
+class WorkflowRun(models.Model):
+    """The status of one run, projected from its event stream.
+
+    Every column but ``last_error`` is a pure function of the run's events.
+    ``last_error`` holds the raw text of the latest step error: it is kept out
+    of the immutable events on purpose and survives a rebuild.
+    """
+
+    run_id = models.UUIDField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    workflow_name = models.CharField(max_length=200)
+    idempotency_key = models.CharField(max_length=500, blank=True, default="")
+    status = models.CharField(max_length=16, choices=RunStatus.choices)
+    step = models.CharField(max_length=200, blank=True, default="")
+    suspension_type = models.CharField(
+        max_length=16, choices=SuspensionType.choices, blank=True, default=""
+    )
+    wake_at = models.DateTimeField(null=True, blank=True)
+    awaited_event_type = models.CharField(max_length=200, blank=True, default="")
+    retry_attempt = models.PositiveIntegerField(default=0)
+    failure_reason = models.CharField(max_length=64, blank=True, default="")
+    error_class = models.CharField(max_length=200, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    definition_fingerprint = models.CharField(max_length=64)
+    trigger_event_id = models.BigIntegerField(null=True, blank=True)
+    version = models.PositiveIntegerField(help_text="Stream version of the last event seen.")
+    started_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkflowRunQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant_id", "status", "updated_at"], name="kw_run_tenant_status"),
+            models.Index(fields=["tenant_id", "workflow_name"], name="kw_run_tenant_workflow"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.run_id} ({self.status})"
+
+
+class WorkflowRunPendingQuerySet(models.QuerySet):
+    def due(self, now: datetime | None = None) -> WorkflowRunPendingQuerySet:
+        return self.filter(wake_at__lte=now or timezone.now())
+
+    def waiting_for(self, event_type: str) -> WorkflowRunPendingQuerySet:
+        return self.filter(wait_event_type=event_type)
+
+    def for_tenant(self, tenant_id: str | None) -> WorkflowRunPendingQuerySet:
+        return self if tenant_id is None else self.filter(tenant_id=tenant_id)
+
+
+class WorkflowRunPending(models.Model):
+    """One suspended step of one run, and when it is due.
+
+    Written by the pending projection from suspension events, deleted when the
+    run is resumed, completes, fails or is cancelled. ``run_version`` is the
+    stream version the resume claim must follow; ``state`` is the snapshot of
+    step results (with awaited events by reference) the run resumes with.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    run_id = models.UUIDField()
+    step = models.CharField(max_length=200)
+    workflow_name = models.CharField(max_length=200)
+    suspension_type = models.CharField(max_length=16, choices=SuspensionType.choices)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    timeout_at = models.DateTimeField(null=True, blank=True)
+    retry_attempt = models.PositiveIntegerField(default=0)
+    definition_fingerprint = models.CharField(max_length=64)
+    wait_event_type = models.CharField(max_length=200, blank=True, default="")
+    awaits_key = models.CharField(max_length=200, blank=True, default="")
+    match_expr = models.JSONField(null=True, blank=True)
+    awaited_event_id = models.BigIntegerField(null=True, blank=True)
+    trigger_event_id = models.BigIntegerField(null=True, blank=True)
+    run_version = models.PositiveIntegerField()
+    state = models.JSONField(default=dict)
+    suspended_at = models.DateTimeField()
+    due_since = models.DateTimeField(
+        null=True, blank=True, help_text="When an event or a wake request made the row due."
+    )
+
+    objects = WorkflowRunPendingQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant_id", "run_id", "step"], name="kw_pending_run_step"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant_id", "wake_at"], name="kw_pending_due"),
+            models.Index(fields=["tenant_id", "wait_event_type"], name="kw_pending_awaiting"),
+        ]
+        verbose_name = "pending workflow run"
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.run_id} at step {self.step} ({self.suspension_type})"

@@ -1,0 +1,437 @@
+"""Resuming suspended runs, and the operations on a run: cancel, wake, retry.
+
+``resume_due_runs`` claims due pending rows (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL, so racing workers never pick the same row), and resumes each in a
+savepoint of a per-batch transaction. The claim is appending
+``workflow.step.resumed`` at the version after the suspension: the stream's
+unique (aggregate_id, version) decides every race, so each suspension is
+resumed at most once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.definition import parse_path, registry
+from kumiko_workflows.exceptions import RunNotFound, RunNotRetryable, VersionConflict
+from kumiko_workflows.models import (
+    SETTLED_STATUSES,
+    Event,
+    RunStatus,
+    SuspensionType,
+    WorkflowRun,
+    WorkflowRunPending,
+)
+from kumiko_workflows.runner import (
+    AWAITED_EVENT_UNAVAILABLE,
+    DEFINITION_CHANGED,
+    INVALID_PENDING_ROW,
+    TRIGGER_EVENT_UNAVAILABLE,
+    Cursor,
+    Failure,
+    RunContext,
+    RunStream,
+    fail_run,
+    look_back,
+    run_segment,
+)
+from kumiko_workflows.steps import Retry, Wait, WaitForEvent
+
+logger = logging.getLogger("kumiko_workflows.resume")
+
+_STEP_KINDS = {
+    SuspensionType.WAIT: Wait,
+    SuspensionType.EVENT: WaitForEvent,
+    SuspensionType.RETRY: Retry,
+}
+
+
+@dataclass
+class ResumeReport:
+    """What one ``resume_due_runs`` pass did.
+
+    ``resumed`` counts claims (rows whose ``workflow.step.resumed`` was
+    appended); each row then ends ``completed``, ``suspended`` or ``failed``.
+    A row failed before its claim (a changed definition) counts only in
+    ``failed``; ``skipped`` rows lost their claim to another writer.
+    """
+
+    resumed: int = 0
+    completed: int = 0
+    suspended: int = 0
+    failed: int = 0
+    skipped: int = 0
+    errors: int = 0
+
+    @property
+    def processed(self) -> int:
+        return self.completed + self.suspended + self.failed + self.skipped + self.errors
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return " ".join(f"{key}={value}" for key, value in self.as_dict().items())
+
+
+def _stream_for(row: WorkflowRunPending) -> RunStream:
+    return RunStream(
+        row.run_id,
+        row.tenant_id,
+        row.workflow_name,
+        row.run_version,
+        row.definition_fingerprint,
+        row.trigger_event_id,
+    )
+
+
+def _definition_changed(row: WorkflowRunPending, stream: RunStream) -> str:
+    workflow = registry.get(row.workflow_name)
+    if workflow is None:
+        return f"workflow {row.workflow_name!r} is not registered (was it removed or renamed?)"
+    started = Event.objects.filter(aggregate_id=row.run_id, version=1).first()
+    old_prints = started.payload.get("step_fingerprints") if started else None
+    return (
+        f"workflow {row.workflow_name!r} changed since this run started: "
+        + workflow.changes_since(old_prints)
+    )
+
+
+def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
+    """Resume one pending row; return (outcome, claimed).
+
+    The outcome is completed, suspended, failed or skipped; ``claimed`` says
+    whether ``workflow.step.resumed`` was appended.
+
+    Must run inside a transaction that holds the row (the caller's savepoint).
+    """
+    stream = _stream_for(row)
+    workflow = registry.get(row.workflow_name)
+    if workflow is None or workflow.fingerprint != row.definition_fingerprint:
+        message = _definition_changed(row, stream)
+        try:
+            fail_run(
+                stream,
+                Failure(DEFINITION_CHANGED, row.step, message, detail=message),
+                state=row.state,
+            )
+        except VersionConflict:
+            return "skipped", False
+        return "failed", False
+
+    step = workflow.step_at(row.step)
+    expected = _STEP_KINDS.get(row.suspension_type)
+    try:
+        path = parse_path(row.step)
+        valid = (step is not None and expected is not None and isinstance(step, expected)) or (
+            row.suspension_type == SuspensionType.RERUN and (step is not None or not path)
+        )
+    except ValueError:
+        valid = False
+    if not valid:
+        message = (
+            f"pending row names step {row.step!r} with suspension {row.suspension_type!r}, "
+            "which this workflow does not have"
+        )
+        try:
+            fail_run(stream, Failure(INVALID_PENDING_ROW, row.step, message, detail=message))
+        except VersionConflict:
+            return "skipped", False
+        return "failed", False
+
+    try:
+        stream.append(
+            et.RESUMED,
+            {
+                "step": row.step,
+                "retry_attempt": row.retry_attempt,
+                "suspension_type": row.suspension_type,
+                "awaited_event_id": row.awaited_event_id,
+            },
+        )
+    except VersionConflict:
+        return "skipped", False
+
+    state = row.state or {}
+    awaited: dict[str, int | None] = dict(state.get("awaited") or {})
+    wanted = {row.trigger_event_id, *(i for i in awaited.values() if i is not None)}
+    if row.awaited_event_id is not None:
+        wanted.add(row.awaited_event_id)
+    wanted.discard(None)
+    events = {e.id: e for e in Event.objects.filter(pk__in=wanted)}
+
+    trigger = events.get(row.trigger_event_id) if row.trigger_event_id is not None else None
+    if trigger is None:
+        fail_run(
+            stream,
+            Failure(
+                TRIGGER_EVENT_UNAVAILABLE,
+                row.step,
+                f"the trigger event #{row.trigger_event_id} is gone",
+            ),
+            state=state,
+        )
+        return "failed", True
+    missing = [i for i in awaited.values() if i is not None and i not in events]
+    if row.awaited_event_id is not None and row.awaited_event_id not in events:
+        missing.append(row.awaited_event_id)
+    if missing:
+        fail_run(
+            stream,
+            Failure(
+                AWAITED_EVENT_UNAVAILABLE, row.step, f"the awaited event #{missing[0]} is gone"
+            ),
+            state=state,
+        )
+        return "failed", True
+
+    steps = dict(state.get("results") or {})
+    for key, event_id in awaited.items():
+        steps[key] = events[event_id].payload if event_id is not None else None
+    ctx = RunContext(
+        run_id=row.run_id,
+        workflow_name=row.workflow_name,
+        tenant_id=row.tenant_id,
+        event=trigger,
+        steps=steps,
+        awaited=awaited,
+        now=now,
+    )
+    if row.suspension_type == SuspensionType.EVENT:
+        awaited_event = events.get(row.awaited_event_id) if row.awaited_event_id else None
+        if awaited_event is None:
+            # Timed out: an event committed while the run was suspending may
+            # have missed the row, so look once more before giving up on it.
+            awaited_event = look_back(
+                row.tenant_id, row.wait_event_type, row.match_expr, trigger.id
+            )
+        ctx.steps[row.awaits_key] = awaited_event.payload if awaited_event else None
+        ctx.awaited[row.awaits_key] = awaited_event.id if awaited_event else None
+
+    if row.suspension_type in (SuspensionType.WAIT, SuspensionType.EVENT):
+        cursor = Cursor(path, after=True)
+    elif row.suspension_type == SuspensionType.RETRY:
+        cursor = Cursor(path, after=False, attempt=row.retry_attempt + 1)
+    elif path:
+        cursor = Cursor(path, after=False, attempt=1)
+    else:  # a rerun of a run that failed after its last step: just complete it
+        cursor = Cursor((len(workflow.steps),), after=False)
+    return run_segment(workflow, stream, ctx, cursor), True
+
+
+def due_tenants(now: datetime) -> list[str]:
+    """Tenants that have at least one due row (a loose index scan on (tenant_id, wake_at))."""
+    table = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
+    sql = f"""
+        WITH RECURSIVE tenants(tenant_id) AS (
+            SELECT MIN(tenant_id) FROM {table}
+            UNION ALL
+            SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
+            FROM tenants t WHERE t.tenant_id IS NOT NULL
+        )
+        SELECT t.tenant_id FROM tenants t
+        WHERE t.tenant_id IS NOT NULL AND EXISTS (
+            SELECT 1 FROM {table} d WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s
+        )
+    """  # noqa: S608 - the table name comes from the model; values are parameters
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [now])
+        return [tenant for (tenant,) in cursor.fetchall()]
+
+
+def resume_due_runs(
+    tenant_id: str | None = None,
+    limit: int | None = None,
+    *,
+    now: datetime | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> ResumeReport:
+    """Resume every due run (of one tenant, or all), oldest first.
+
+    Each row runs in its own savepoint; rows are claimed
+    ``KUMIKO_WORKFLOWS['BATCH_SIZE']`` at a time per transaction. A row that
+    raises (an infrastructure error, not a failing step) is logged and
+    counted in ``errors`` and does not stop the others. ``now`` defaults to
+    the current time; ``should_stop`` is polled between rows.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    now = now or timezone.now()
+    report = ResumeReport()
+    tenants = [tenant_id] if tenant_id is not None else due_tenants(now)
+    for tenant in tenants:
+        _drain_tenant(tenant, now, report, limit, should_stop or (lambda: False))
+        if should_stop and should_stop():
+            break
+    return report
+
+
+def _drain_tenant(
+    tenant: str,
+    now: datetime,
+    report: ResumeReport,
+    limit: int | None,
+    should_stop: Callable[[], bool],
+) -> None:
+    passed_over: set[int] = set()
+    batch_size = max(1, int(workflow_settings.BATCH_SIZE))
+    while True:
+        remaining = None if limit is None else limit - report.processed
+        if (remaining is not None and remaining <= 0) or should_stop():
+            return
+        size = batch_size if remaining is None else min(batch_size, remaining)
+        with transaction.atomic():
+            query = WorkflowRunPending.objects.filter(tenant_id=tenant, wake_at__lte=now)
+            if passed_over:
+                query = query.exclude(pk__in=passed_over)
+            query = query.order_by("wake_at", "id")
+            if connection.features.has_select_for_update_skip_locked:
+                query = query.select_for_update(skip_locked=True)
+            rows = list(query[:size])
+            for row in rows:
+                if should_stop():
+                    return
+                try:
+                    with transaction.atomic():
+                        outcome, claimed = resume_row(row, now)
+                except Exception:
+                    logger.exception(
+                        "run=%s step=%s tenant=%s could not be resumed",
+                        row.run_id,
+                        row.step,
+                        tenant,
+                    )
+                    report.errors += 1
+                    passed_over.add(row.pk)
+                    continue
+                if outcome == "skipped":
+                    passed_over.add(row.pk)
+                report.resumed += claimed
+                setattr(report, outcome, getattr(report, outcome) + 1)
+        if len(rows) < size:
+            return
+
+
+# --- operations on one run -----------------------------------------------------
+
+
+def _run(run_id: uuid.UUID | str) -> WorkflowRun:
+    try:
+        key = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    except ValueError:
+        raise RunNotFound(f"{run_id!r} is not a run id (a UUID)") from None
+    run = WorkflowRun.objects.filter(run_id=key).first()
+    if run is None:
+        raise RunNotFound(f"no workflow run has id {key}")
+    return run
+
+
+def _append_to_run(
+    run_id: uuid.UUID | str,
+    eligible: Callable[[WorkflowRun], bool],
+    type: str,
+    payload: Callable[[WorkflowRun], dict[str, Any]],
+    created_by: str | None,
+) -> bool:
+    for _ in range(5):
+        run = _run(run_id)
+        if not eligible(run):
+            return False
+        stream = RunStream(
+            run.run_id,
+            run.tenant_id,
+            run.workflow_name,
+            run.version,
+            run.definition_fingerprint,
+            run.trigger_event_id,
+        )
+        try:
+            stream.append(type, payload(run), created_by=created_by or "")
+        except VersionConflict:
+            continue  # the run moved (a worker resumed it): look again
+        return True
+    return False
+
+
+def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> bool:
+    """Cancel a run that has not finished; False if it already had.
+
+    Raises :class:`RunNotFound` for an unknown id.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("cancel_run() needs a reason (a non-empty string)")
+    return _append_to_run(
+        run_id,
+        lambda run: run.status not in SETTLED_STATUSES,
+        et.RUN_CANCELLED,
+        lambda run: {"workflow_name": run.workflow_name, "reason": reason[:1000], "by": by or ""},
+        by,
+    )
+
+
+def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+    """Make a waiting run due now; False if it is not waiting.
+
+    Raises :class:`RunNotFound` for an unknown id.
+    """
+    return _append_to_run(
+        run_id,
+        lambda run: run.status == RunStatus.WAITING,
+        et.WAKE_REQUESTED,
+        lambda run: {"workflow_name": run.workflow_name, "step": run.step, "by": by or ""},
+        by,
+    )
+
+
+def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+    """Run a failed run again from where its failed attempt began.
+
+    The steps of that attempt were rolled back with the failure, so they run
+    again. Raises :class:`RunNotRetryable` when the run is not failed or its
+    workflow's definition changed since it started.
+    """
+    run = _run(run_id)
+    if run.status != RunStatus.FAILED:
+        raise RunNotRetryable(f"run {run.run_id} is {run.status}, not failed")
+    workflow = registry.get(run.workflow_name)
+    if workflow is None or workflow.fingerprint != run.definition_fingerprint:
+        raise RunNotRetryable(
+            f"run {run.run_id} cannot be retried: workflow {run.workflow_name!r} changed since it "
+            "started (or is no longer registered)"
+        )
+    failed = (
+        Event.objects.filter(aggregate_id=run.run_id, type=et.RUN_FAILED)
+        .order_by("-version")
+        .first()
+    )
+    retry_from = failed.payload.get("retry_from") if failed else None
+    if retry_from is None:
+        raise RunNotRetryable(f"run {run.run_id} failed before its first step could run")
+
+    def payload(current: WorkflowRun) -> dict[str, Any]:
+        return {
+            "step": retry_from,
+            "workflow_name": current.workflow_name,
+            "definition_fingerprint": current.definition_fingerprint,
+            "trigger_event_id": current.trigger_event_id,
+            "state": failed.payload.get("state") or {},
+            "by": by or "",
+        }
+
+    return _append_to_run(
+        run.run_id,
+        lambda current: current.status == RunStatus.FAILED,
+        et.RERUN_REQUESTED,
+        payload,
+        by,
+    )

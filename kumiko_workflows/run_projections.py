@@ -1,0 +1,330 @@
+"""The projections that keep ``WorkflowRun`` and ``WorkflowRunPending`` current.
+
+Both are pure functions of the event store: each column comes from an event's
+payload, version or ``created_at`` (never the clock), so a replay gives the
+same rows. The wake-up projection reads domain events of awaited types and
+marks matching pending rows due; on PostgreSQL a row becoming due now also
+NOTIFYs the workers, delivered when the transaction commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.utils.dateparse import parse_datetime
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows import matching
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.definition import registry
+from kumiko_workflows.models import (
+    Event,
+    RunStatus,
+    SuspensionType,
+    WorkflowRun,
+    WorkflowRunPending,
+)
+
+logger = logging.getLogger("kumiko_workflows.projections")
+
+_PENDING_UPDATE_FIELDS = [
+    "workflow_name",
+    "suspension_type",
+    "wake_at",
+    "timeout_at",
+    "retry_attempt",
+    "definition_fingerprint",
+    "wait_event_type",
+    "awaits_key",
+    "match_expr",
+    "awaited_event_id",
+    "trigger_event_id",
+    "run_version",
+    "state",
+    "suspended_at",
+    "due_since",
+]
+
+
+def _instant(value: str | None) -> datetime | None:
+    return parse_datetime(value) if value else None
+
+
+def is_run_event(event: Event) -> bool:
+    return event.aggregate_type == et.RUN_AGGREGATE_TYPE
+
+
+def notify_due(tenant_id: str) -> None:
+    """Wake ``--loop`` workers (PostgreSQL; delivered at commit)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_notify(%s, %s)", [workflow_settings.NOTIFY_CHANNEL, tenant_id]
+            )
+
+
+# --- run status -------------------------------------------------------------
+
+
+def _status_fields(event: Event) -> dict[str, Any] | None:
+    payload = event.payload
+    kind = event.type
+    if kind == et.WAITING:
+        return {
+            "status": RunStatus.WAITING,
+            "step": payload["step"],
+            "suspension_type": SuspensionType.WAIT,
+            "wake_at": _instant(payload["wake_at"]),
+            "awaited_event_type": "",
+            "retry_attempt": 0,
+        }
+    if kind == et.WAITING_FOR_EVENT:
+        return {
+            "status": RunStatus.WAITING,
+            "step": payload["step"],
+            "suspension_type": SuspensionType.EVENT,
+            "wake_at": _instant(payload.get("timeout_at")),
+            "awaited_event_type": payload["event_type"],
+            "retry_attempt": 0,
+        }
+    if kind == et.RETRY_SCHEDULED:
+        return {
+            "status": RunStatus.WAITING,
+            "step": payload["step"],
+            "suspension_type": SuspensionType.RETRY,
+            "wake_at": _instant(payload["wake_at"]),
+            "awaited_event_type": "",
+            "retry_attempt": payload["attempt"],
+            "error_class": payload.get("error_class", ""),
+        }
+    if kind == et.RERUN_REQUESTED:
+        return {
+            "status": RunStatus.WAITING,
+            "step": payload["step"],
+            "suspension_type": SuspensionType.RERUN,
+            "wake_at": event.created_at,
+            "awaited_event_type": "",
+            "retry_attempt": 0,
+            "failure_reason": "",
+            "error_class": "",
+            "finished_at": None,
+        }
+    if kind == et.WAKE_REQUESTED:
+        return {"wake_at": event.created_at}
+    if kind == et.RESUMED:
+        return {"status": RunStatus.RUNNING, "wake_at": None, "awaited_event_type": ""}
+    if kind == et.RUN_COMPLETED:
+        return {
+            "status": RunStatus.COMPLETED,
+            "wake_at": None,
+            "suspension_type": "",
+            "awaited_event_type": "",
+            "finished_at": event.created_at,
+        }
+    if kind == et.RUN_FAILED:
+        return {
+            "status": RunStatus.FAILED,
+            "wake_at": None,
+            "suspension_type": "",
+            "awaited_event_type": "",
+            "step": payload.get("step") or "",
+            "failure_reason": payload.get("reason", ""),
+            "error_class": payload.get("error_class", ""),
+            "finished_at": event.created_at,
+        }
+    if kind == et.RUN_CANCELLED:
+        return {
+            "status": RunStatus.CANCELLED,
+            "wake_at": None,
+            "suspension_type": "",
+            "awaited_event_type": "",
+            "finished_at": event.created_at,
+        }
+    return None
+
+
+def project_run_status(event: Event, replaying: bool) -> None:
+    if not is_run_event(event):
+        return
+    if event.type == et.RUN_STARTED:
+        payload = event.payload
+        WorkflowRun.objects.create(
+            run_id=event.aggregate_id,
+            tenant_id=event.tenant_id,
+            workflow_name=payload["workflow_name"],
+            idempotency_key=str(payload.get("idempotency_key") or "")[:500],
+            status=RunStatus.RUNNING,
+            definition_fingerprint=payload["definition_fingerprint"],
+            trigger_event_id=payload.get("trigger_event_id"),
+            version=event.version,
+            started_at=event.created_at,
+            updated_at=event.created_at,
+        )
+        return
+    fields = _status_fields(event)
+    if fields is not None:
+        WorkflowRun.objects.filter(run_id=event.aggregate_id).update(
+            version=event.version, updated_at=event.created_at, **fields
+        )
+
+
+# --- pending ----------------------------------------------------------------
+
+
+def _pending_row(event: Event) -> WorkflowRunPending:
+    payload = event.payload
+    kind = event.type
+    row = WorkflowRunPending(
+        tenant_id=event.tenant_id,
+        run_id=event.aggregate_id,
+        step=payload["step"],
+        workflow_name=payload["workflow_name"],
+        definition_fingerprint=payload["definition_fingerprint"],
+        trigger_event_id=payload.get("trigger_event_id"),
+        run_version=event.version,
+        state=payload.get("state") or {},
+        suspended_at=event.created_at,
+        retry_attempt=0,
+    )
+    if kind == et.WAITING:
+        row.suspension_type = SuspensionType.WAIT
+        row.wake_at = _instant(payload["wake_at"])
+    elif kind == et.WAITING_FOR_EVENT:
+        row.suspension_type = SuspensionType.EVENT
+        row.wake_at = row.timeout_at = _instant(payload.get("timeout_at"))
+        row.wait_event_type = payload["event_type"]
+        row.awaits_key = payload["awaits_key"]
+        row.match_expr = payload.get("match")
+    elif kind == et.RETRY_SCHEDULED:
+        row.suspension_type = SuspensionType.RETRY
+        row.wake_at = _instant(payload["wake_at"])
+        row.retry_attempt = payload["attempt"]
+    else:  # RERUN_REQUESTED
+        row.suspension_type = SuspensionType.RERUN
+        row.wake_at = row.due_since = event.created_at
+    return row
+
+
+def project_pending(event: Event, replaying: bool) -> None:
+    if not is_run_event(event):
+        return
+    kind = event.type
+    if kind in et.SUSPENSIONS:
+        row = _pending_row(event)
+        # Upsert: a suspension projected twice (at-least-once) leaves one row.
+        WorkflowRunPending.objects.bulk_create(
+            [row],
+            update_conflicts=True,
+            unique_fields=["tenant_id", "run_id", "step"],
+            update_fields=_PENDING_UPDATE_FIELDS,
+        )
+        if not replaying and row.wake_at is not None and row.wake_at <= event.created_at:
+            notify_due(event.tenant_id)
+    elif kind == et.WAKE_REQUESTED:
+        WorkflowRunPending.objects.filter(
+            tenant_id=event.tenant_id, run_id=event.aggregate_id
+        ).update(wake_at=event.created_at, due_since=event.created_at, run_version=event.version)
+        if not replaying:
+            notify_due(event.tenant_id)
+    elif kind == et.RESUMED or kind in et.TERMINAL:
+        WorkflowRunPending.objects.filter(
+            tenant_id=event.tenant_id, run_id=event.aggregate_id
+        ).delete()
+
+
+# --- event wake-up ------------------------------------------------------------
+
+
+def project_wakeup(event: Event, replaying: bool) -> None:
+    """Mark pending ``wait_for_event`` rows that ``event`` satisfies due now.
+
+    The first matching event wins: rows that already reference an awaited
+    event are left alone. A stored match expression that cannot be evaluated
+    fails that run (``invalid_match``) instead of failing the domain write.
+    """
+    from kumiko_workflows.runner import (
+        INVALID_MATCH,
+        Failure,
+        RunStream,
+        fail_run,
+        lock_awaited_type,
+    )
+
+    if not replaying:
+        lock_awaited_type(event.tenant_id, event.type)
+    rows = WorkflowRunPending.objects.filter(
+        tenant_id=event.tenant_id,
+        wait_event_type=event.type,
+        suspension_type=SuspensionType.EVENT,
+        awaited_event_id__isnull=True,
+        trigger_event_id__lt=event.id,
+    )
+    woken = []
+    for row in rows:
+        try:
+            matched = (
+                matching.matches(matching.validate(row.match_expr), event.payload)
+                if (row.match_expr is not None)
+                else True
+            )
+        except Exception as exc:
+            if replaying:
+                continue  # the run-failed event that followed is replayed too
+            logger.error(
+                "run=%s step=%s has a match expression that cannot be evaluated: %s",
+                row.run_id,
+                row.step,
+                exc,
+            )
+            stream = RunStream(
+                row.run_id,
+                row.tenant_id,
+                row.workflow_name,
+                row.run_version,
+                row.definition_fingerprint,
+                row.trigger_event_id,
+            )
+            try:
+                fail_run(
+                    stream,
+                    Failure(
+                        INVALID_MATCH,
+                        row.step,
+                        f"step {row.step}: its match expression cannot be evaluated",
+                        error_class=type(exc).__name__,
+                        detail=str(exc),
+                    ),
+                    state=row.state,
+                    retry_from=row.step,
+                )
+            except Exception:
+                logger.exception("run=%s could not be marked failed", row.run_id)
+            continue
+        if matched:
+            woken.append(row.pk)
+    if not woken:
+        return
+    WorkflowRunPending.objects.filter(pk__in=woken, awaited_event_id__isnull=True).update(
+        awaited_event_id=event.id, wake_at=event.created_at, due_since=event.created_at
+    )
+    run_ids = WorkflowRunPending.objects.filter(pk__in=woken).values("run_id")
+    WorkflowRun.objects.filter(run_id__in=run_ids).update(wake_at=event.created_at)
+    if not replaying:
+        notify_due(event.tenant_id)
+
+
+def register(projections: Any) -> None:
+    """Register the built-in projections, in the order they must run."""
+    from kumiko_workflows.runner import trigger_projection
+
+    projections.register(
+        "kumiko_workflows.run_status", set(et.RUN_EVENTS), project_run_status, order=10
+    )
+    projections.register("kumiko_workflows.pending", set(et.RUN_EVENTS), project_pending, order=20)
+    projections.register("kumiko_workflows.wakeup", registry.is_awaited, project_wakeup, order=30)
+    projections.register(
+        "kumiko_workflows.trigger", registry.is_trigger, trigger_projection, order=40, replay=False
+    )

@@ -1,0 +1,600 @@
+"""Running a workflow's steps: the inline start and each resumed segment.
+
+A *segment* runs steps from a cursor until the run suspends, completes or
+fails. The steps' own writes happen in a savepoint: when a step fails, they
+are rolled back and ``workflow.run-failed`` is appended in their place, so the
+transaction around the segment (the domain write that triggered the run, or
+the resume) still commits. Raw error text goes to the log and to the mutable
+``WorkflowRun.last_error``, never into an event.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from kumiko_workflows import durations, event_types, matching
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.definition import (
+    EventTrigger,
+    Workflow,
+    path_text,
+    registry,
+    run_id_for,
+)
+from kumiko_workflows.exceptions import (
+    InvalidDuration,
+    InvalidMatchExpression,
+    VersionConflict,
+)
+from kumiko_workflows.jsonvalues import NotJSON, to_json
+from kumiko_workflows.models import Event, WorkflowRun
+from kumiko_workflows.steps import Branch, Compute, Retry, Step, Wait, WaitForEvent
+from kumiko_workflows.store import append_event
+
+logger = logging.getLogger("kumiko_workflows.runner")
+
+# Machine-readable reasons of workflow.run-failed.
+STEP_FAILED = "step_failed"
+INVALID_STEP_ARGUMENT = "invalid_step_argument"
+INVALID_STEP_RESULT = "invalid_step_result"
+FILTER_FAILED = "filter_failed"
+IDEMPOTENCY_KEY_FAILED = "idempotency_key_failed"
+DEFINITION_CHANGED = "workflow_definition_changed"
+TRIGGER_EVENT_UNAVAILABLE = "trigger_event_unavailable"
+AWAITED_EVENT_UNAVAILABLE = "awaited_event_unavailable"
+INVALID_MATCH = "invalid_match"
+INVALID_PENDING_ROW = "invalid_pending_row"
+INTERNAL_ERROR = "internal_error"
+
+#: Look-back scans at most this many candidate events per wait.
+LOOK_BACK_LIMIT = 10_000
+
+
+class RunContext:
+    """What a step's callables receive as ``ctx``.
+
+    ``event`` is the trigger Event, ``steps`` the results so far (by compute
+    name and awaits key), ``retry_attempt`` the attempt inside a retry body
+    (1 on the first), ``now`` the time the current segment started.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: uuid.UUID,
+        workflow_name: str,
+        tenant_id: str,
+        event: Event,
+        steps: dict[str, Any] | None = None,
+        awaited: dict[str, int | None] | None = None,
+        now: datetime,
+    ) -> None:
+        self.run_id = run_id
+        self.workflow_name = workflow_name
+        self.tenant_id = tenant_id
+        self.event = event
+        self.steps: dict[str, Any] = steps if steps is not None else {}
+        self.awaited: dict[str, int | None] = awaited if awaited is not None else {}
+        self.retry_attempt = 1
+        self.now = now
+
+    def __repr__(self) -> str:
+        return f"<RunContext {self.workflow_name} {self.run_id}>"
+
+    def append_event(
+        self,
+        aggregate_id: uuid.UUID | str,
+        aggregate_type: str,
+        type: str,
+        payload: Mapping[str, Any] | None,
+        **kwargs: Any,
+    ) -> Event:
+        """Append a domain event in the run's transaction (and the run's tenant)."""
+        kwargs.setdefault("tenant_id", self.tenant_id)
+        kwargs.setdefault("created_by", f"workflow:{self.workflow_name}")
+        return append_event(aggregate_id, aggregate_type, type, payload, **kwargs)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Step results for a suspension event: awaited events by reference only."""
+        results = {k: v for k, v in self.steps.items() if k not in self.awaited}
+        return {"results": results, "awaited": dict(self.awaited)}
+
+
+@dataclass
+class RunStream:
+    """The run's event stream, appended at strictly increasing versions."""
+
+    run_id: uuid.UUID
+    tenant_id: str
+    workflow_name: str
+    version: int
+    fingerprint: str
+    trigger_event_id: int | None
+
+    def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
+        event = append_event(
+            self.run_id,
+            event_types.RUN_AGGREGATE_TYPE,
+            type,
+            payload,
+            tenant_id=self.tenant_id,
+            expected_version=self.version,
+            created_by=created_by or "kumiko_workflows",
+        )
+        self.version = event.version
+        return event
+
+
+class Suspend(Exception):
+    def __init__(self, type: str, payload: dict[str, Any]) -> None:
+        super().__init__(type)
+        self.type = type
+        self.payload = payload
+
+
+@dataclass
+class Failure(Exception):
+    reason: str
+    step: str
+    message: str  # generic, safe for an immutable event
+    error_class: str = ""
+    detail: str = ""  # raw text: log and WorkflowRun.last_error only
+    exc: BaseException | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        Exception.__init__(self, self.message)
+
+
+@dataclass
+class Cursor:
+    """Where a segment starts: the step at ``path`` itself (``at``) or after it."""
+
+    path: tuple[Any, ...] = ()
+    after: bool = False
+    attempt: int = 1
+
+
+class Executor:
+    def __init__(self, workflow: Workflow, ctx: RunContext) -> None:
+        self.workflow = workflow
+        self.ctx = ctx
+        self._resume_attempt: tuple[tuple[Any, ...], int] | None = None
+
+    def run(self, cursor: Cursor | None) -> None:
+        if cursor is None or not cursor.path:
+            self._run_list(self.workflow.steps, (), None)
+            return
+        if not cursor.after:
+            self._resume_attempt = (cursor.path, cursor.attempt)
+        self._run_list(self.workflow.steps, (), cursor)
+
+    def _run_list(
+        self, steps: tuple[Step, ...], prefix: tuple[Any, ...], cursor: Cursor | None
+    ) -> None:
+        start = 0
+        if cursor is not None and cursor.path:
+            start = cursor.path[0]
+            rest = cursor.path[1:]
+            if rest:
+                arm = rest[0]
+                self._run_list(
+                    steps[start].arms()[arm],
+                    (*prefix, start, arm),
+                    Cursor(rest[1:], cursor.after, cursor.attempt),
+                )
+                start += 1
+            elif cursor.after:
+                start += 1
+        for index in range(start, len(steps)):
+            self._run_step(steps[index], (*prefix, index))
+
+    def _label(self, path: tuple[Any, ...]) -> str:
+        return self.workflow.label(path_text(path))
+
+    def _arg(self, step_path: tuple[Any, ...], name: str, value: Any) -> Any:
+        if not callable(value) or isinstance(value, type):
+            return value
+        try:
+            return value(self.ctx)
+        except Exception as exc:
+            raise self._step_error(step_path, f"its {name} callable raised", exc) from exc
+
+    def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
+        name = type(exc).__name__
+        return Failure(
+            STEP_FAILED,
+            path_text(path),
+            f"{self._label(path)}: {what} {name}",
+            error_class=name,
+            detail="".join(traceback.format_exception(exc)),
+            exc=exc,
+        )
+
+    def _invalid(self, path: tuple[Any, ...], reason: str, detail: str) -> Failure:
+        label = self._label(path)
+        return Failure(
+            reason, path_text(path), f"{label}: invalid argument", detail=f"{label}: {detail}"
+        )
+
+    def _run_step(self, step: Step, path: tuple[Any, ...]) -> None:
+        if isinstance(step, Compute):
+            self._compute(step, path)
+        elif isinstance(step, Wait):
+            self._wait(step, path)
+        elif isinstance(step, WaitForEvent):
+            self._wait_for_event(step, path)
+        elif isinstance(step, Retry):
+            self._retry(step, path)
+        elif isinstance(step, Branch):
+            condition = self._arg(path, "if_", step.if_)
+            arm = "then" if condition else "else"
+            self._run_list(step.arms()[arm], (*path, arm), None)
+        else:  # pragma: no cover - definitions only hold the step classes above
+            raise TypeError(f"unknown step {step!r}")
+
+    def _compute(self, step: Compute, path: tuple[Any, ...]) -> None:
+        try:
+            result = step.fn(self.ctx)
+        except Exception as exc:
+            raise self._step_error(path, "raised", exc) from exc
+        try:
+            self.ctx.steps[step.name] = to_json(result, f"ctx.steps[{step.name!r}]")
+        except NotJSON as exc:
+            label = self._label(path)
+            raise Failure(
+                INVALID_STEP_RESULT,
+                path_text(path),
+                f"{label}: its result is not JSON-serialisable",
+                detail=f"{label}: {exc}",
+            ) from None
+
+    def _wait(self, step: Wait, path: tuple[Any, ...]) -> None:
+        value = self._arg(path, "for_", step.for_)
+        try:
+            wake_at = durations.wake_time(value, self.ctx.now)
+        except InvalidDuration as exc:
+            raise self._invalid(path, INVALID_STEP_ARGUMENT, f"for_={value!r}: {exc}") from None
+        raise Suspend(
+            event_types.WAITING, {"step": path_text(path), "wake_at": wake_at.isoformat()}
+        )
+
+    def _wait_for_event(self, step: WaitForEvent, path: tuple[Any, ...]) -> None:
+        match = self._arg(path, "match", step.match)
+        if match is not None:
+            try:
+                match = to_json(matching.validate(match), "match")
+            except (InvalidMatchExpression, NotJSON) as exc:
+                raise self._invalid(path, INVALID_STEP_ARGUMENT, str(exc)) from None
+        timeout = self._arg(path, "timeout", step.timeout)
+        timeout_at = None
+        if timeout is not None:
+            try:
+                timeout_at = durations.wake_time(timeout, self.ctx.now)
+            except InvalidDuration as exc:
+                raise self._invalid(
+                    path, INVALID_STEP_ARGUMENT, f"timeout={timeout!r}: {exc}"
+                ) from None
+        event_type = self.workflow.awaits[step.awaits_key]
+        found = look_back(self.ctx.tenant_id, event_type, match, self.ctx.event.id)
+        if found is not None:
+            self.ctx.steps[step.awaits_key] = found.payload
+            self.ctx.awaited[step.awaits_key] = found.id
+            return
+        raise Suspend(
+            event_types.WAITING_FOR_EVENT,
+            {
+                "step": path_text(path),
+                "awaits_key": step.awaits_key,
+                "event_type": event_type,
+                "match": match,
+                "timeout_at": timeout_at.isoformat() if timeout_at else None,
+            },
+        )
+
+    def _retry(self, step: Retry, path: tuple[Any, ...]) -> None:
+        attempt = 1
+        if self._resume_attempt is not None and self._resume_attempt[0] == path:
+            attempt = self._resume_attempt[1]
+            self._resume_attempt = None
+        times = self._arg(path, "times", step.times)
+        backoff = self._arg(path, "backoff", step.backoff)
+        if isinstance(times, bool) or not isinstance(times, int) or times < 1:
+            raise self._invalid(
+                path, INVALID_STEP_ARGUMENT, f"times must be an integer >= 1, got {times!r}"
+            )
+        if backoff not in ("linear", "exponential"):
+            raise self._invalid(
+                path,
+                INVALID_STEP_ARGUMENT,
+                f"backoff must be 'linear' or 'exponential', got {backoff!r}",
+            )
+        try:
+            base_value = self._arg(path, "base_delay", step.base_delay)
+            base = durations.as_delay(
+                workflow_settings.RETRY_BASE_DELAY if base_value is None else base_value
+            )
+            cap_value = self._arg(path, "max_delay", step.max_delay)
+            cap = None if cap_value is None else durations.as_delay(cap_value)
+        except InvalidDuration as exc:
+            raise self._invalid(path, INVALID_STEP_ARGUMENT, str(exc)) from None
+
+        saved_steps, saved_awaited = dict(self.ctx.steps), dict(self.ctx.awaited)
+        self.ctx.retry_attempt = attempt
+        try:
+            with transaction.atomic():
+                self._run_list(step.do, (*path, "do"), None)
+        except Failure as failure:
+            self.ctx.steps, self.ctx.awaited = saved_steps, saved_awaited
+            self.ctx.retry_attempt = 1
+            given_up = failure.exc is not None and isinstance(failure.exc, step.give_up_on)
+            if given_up or attempt >= times:
+                why = "gave up on" if given_up else f"attempt {attempt} of {times} failed with"
+                raise Failure(
+                    failure.reason,
+                    path_text(path),
+                    f"{self._label(path)}: {why} {failure.error_class or failure.reason}",
+                    error_class=failure.error_class,
+                    detail=failure.detail,
+                    exc=failure.exc,
+                ) from failure.exc
+            factor = attempt if backoff == "linear" else 2 ** (attempt - 1)
+            delay = base * factor
+            if cap is not None:
+                delay = min(delay, cap)
+            logger.warning(
+                "workflow=%s run=%s step=%s attempt=%d/%d failed error=%s; retry in %ss",
+                self.workflow.name,
+                self.ctx.run_id,
+                path_text(path),
+                attempt,
+                times,
+                failure.error_class or failure.reason,
+                delay.total_seconds(),
+            )
+            set_last_error(self.ctx.run_id, failure.detail)
+            raise Suspend(
+                event_types.RETRY_SCHEDULED,
+                {
+                    "step": path_text(path),
+                    "attempt": attempt,
+                    "max_attempts": times,
+                    "wake_at": (self.ctx.now + delay).isoformat(),
+                    "error_class": failure.error_class,
+                    "failed_step": failure.step,
+                    "reason": failure.reason,
+                },
+            ) from None
+        self.ctx.retry_attempt = 1
+
+
+def look_back(
+    tenant_id: str, event_type: str, match: dict[str, Any] | None, after_id: int
+) -> Event | None:
+    """The earliest event of ``event_type`` in the tenant after ``after_id`` that matches.
+
+    On PostgreSQL this first takes the (tenant, event type) advisory lock the
+    wake-up projection also takes, so an awaited event committed concurrently
+    is either seen here or sees this run's pending row.
+    """
+    lock_awaited_type(tenant_id, event_type)
+    candidates = Event.objects.of_type_after(tenant_id, event_type, after_id).only("id", "payload")
+    for event in candidates[:LOOK_BACK_LIMIT].iterator(chunk_size=200):
+        if matching.matches(match, event.payload):
+            return event
+    return None
+
+
+def lock_awaited_type(tenant_id: str, event_type: str) -> None:
+    if connection.vendor != "postgresql":
+        return  # SQLite serialises all writers already
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"kumiko_workflows:{tenant_id}:{event_type}"],
+        )
+
+
+def set_last_error(run_id: uuid.UUID, detail: str) -> None:
+    if detail:
+        WorkflowRun.objects.filter(run_id=run_id).update(last_error=detail[:20_000])
+
+
+def fail_run(
+    stream: RunStream,
+    failure: Failure,
+    *,
+    state: dict[str, Any] | None = None,
+    retry_from: str | None = None,
+) -> Event:
+    """Append ``workflow.run-failed`` (generic text only) and record the raw error."""
+    event = stream.append(
+        event_types.RUN_FAILED,
+        {
+            "workflow_name": stream.workflow_name,
+            "definition_fingerprint": stream.fingerprint,
+            "step": failure.step,
+            "reason": failure.reason,
+            "error": failure.message,
+            "error_class": failure.error_class,
+            "retry_from": retry_from,
+            "state": state or {"results": {}, "awaited": {}},
+        },
+    )
+    logger.error(
+        "workflow=%s run=%s step=%s reason=%s failed: %s",
+        stream.workflow_name,
+        stream.run_id,
+        failure.step,
+        failure.reason,
+        failure.message,
+        exc_info=failure.exc,
+    )
+    set_last_error(stream.run_id, failure.detail or failure.message)
+    return event
+
+
+def run_segment(
+    workflow: Workflow,
+    stream: RunStream,
+    ctx: RunContext,
+    cursor: Cursor | None,
+) -> str:
+    """Run steps from ``cursor``; return 'completed', 'suspended' or 'failed'."""
+    start_state = ctx.snapshot()
+    if cursor is None or not cursor.path:
+        retry_from = "0"
+    elif cursor.after:
+        retry_from = workflow.next_position(path_text(cursor.path))
+    else:
+        retry_from = path_text(cursor.path)
+    try:
+        with transaction.atomic():
+            try:
+                Executor(workflow, ctx).run(cursor)
+            except Suspend as suspension:
+                payload = {
+                    **suspension.payload,
+                    "workflow_name": workflow.name,
+                    "definition_fingerprint": workflow.fingerprint,
+                    "trigger_event_id": stream.trigger_event_id,
+                    "state": ctx.snapshot(),
+                }
+                stream.append(suspension.type, payload)
+                return "suspended"
+            stream.append(
+                event_types.RUN_COMPLETED,
+                {"workflow_name": workflow.name, "step_count": len(workflow.steps)},
+            )
+            return "completed"
+    except Failure as failure:
+        fail_run(stream, failure, state=start_state, retry_from=retry_from)
+        return "failed"
+
+
+# --- starting runs from trigger events --------------------------------------
+
+
+def _idempotency_key(workflow: Workflow, event: Event) -> str:
+    key = workflow.idempotency_key
+    if key is None:
+        return uuid.uuid4().hex
+    if callable(key):
+        key = key(event)
+    if isinstance(key, bool) or not isinstance(key, str | int | uuid.UUID):
+        raise TypeError(f"idempotency_key returned {key!r}; return a string")
+    return str(key)
+
+
+def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) -> uuid.UUID | None:
+    """Start (and run inline until it suspends) one run of ``workflow`` for ``event``.
+
+    Returns the run id, or None when the filter declined or the run already
+    existed. Never raises for a failing workflow: invariant 3.
+    """
+    filter_error: Failure | None = None
+    trigger = workflow.trigger
+    if isinstance(trigger, EventTrigger) and trigger.filter is not None:
+        try:
+            if not trigger.filter(event):
+                return None
+        except Exception as exc:
+            filter_error = Failure(
+                FILTER_FAILED,
+                "",
+                f"the trigger filter raised {type(exc).__name__}",
+                error_class=type(exc).__name__,
+                detail="".join(traceback.format_exception(exc)),
+                exc=exc,
+            )
+    try:
+        key = _idempotency_key(workflow, event)
+    except Exception as exc:
+        key = uuid.uuid4().hex
+        filter_error = filter_error or Failure(
+            IDEMPOTENCY_KEY_FAILED,
+            "",
+            f"the idempotency_key callable raised {type(exc).__name__}",
+            error_class=type(exc).__name__,
+            detail="".join(traceback.format_exception(exc)),
+            exc=exc,
+        )
+    run_id = run_id_for(workflow.name, key, event.tenant_id)
+    started = {
+        "workflow_name": workflow.name,
+        "definition_fingerprint": workflow.fingerprint,
+        "step_fingerprints": workflow.step_fingerprints,
+        "idempotency_key": key,
+        "trigger_event_id": event.id,
+    }
+    stream = RunStream(run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id)
+    try:
+        with transaction.atomic():
+            try:
+                stream.append(event_types.RUN_STARTED, started)
+            except VersionConflict:
+                logger.info(
+                    "workflow=%s key=%s tenant=%s run=%s exists already; trigger event %s ignored",
+                    workflow.name,
+                    key,
+                    event.tenant_id,
+                    run_id,
+                    event.id,
+                )
+                return None
+            if filter_error is not None:
+                fail_run(stream, filter_error)
+                return run_id
+            ctx = RunContext(
+                run_id=run_id,
+                workflow_name=workflow.name,
+                tenant_id=event.tenant_id,
+                event=event,
+                now=now or timezone.now(),
+            )
+            run_segment(workflow, stream, ctx, None)
+            return run_id
+    except Exception as exc:
+        # Our own bookkeeping failed (not a step: those are recorded above).
+        # The domain write must still commit, so record what we can.
+        logger.exception(
+            "workflow=%s trigger_event=%s run=%s could not be started",
+            workflow.name,
+            event.id,
+            run_id,
+        )
+        try:
+            with transaction.atomic():
+                stream.version = 0
+                stream.append(event_types.RUN_STARTED, started)
+                fail_run(
+                    stream,
+                    Failure(
+                        INTERNAL_ERROR,
+                        "",
+                        f"starting the run raised {type(exc).__name__}",
+                        error_class=type(exc).__name__,
+                        detail=str(exc),
+                    ),
+                )
+        except Exception:
+            logger.exception(
+                "workflow=%s run=%s failure could not be recorded", workflow.name, run_id
+            )
+        return run_id
+
+
+def trigger_projection(event: Event, replaying: bool) -> None:
+    """Start a run of each workflow triggered by ``event``'s type."""
+    if replaying:
+        return
+    for workflow in registry.triggered_by(event.type):
+        start_run(workflow, event)

@@ -1,0 +1,102 @@
+"""Shared fixtures: database vendor markers, trigger helpers, subprocess helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def on_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if on_postgres():
+        return
+    skip = pytest.mark.skip(
+        reason="needs PostgreSQL: run with DATABASE_URL=postgres://postgres@127.0.0.1:5432/kumiko"
+    )
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def now():
+    return timezone.now()
+
+
+@pytest.fixture
+def past(now):
+    """An instant an hour ago, as ISO 8601: a wait until then is due at once."""
+    return (now - timedelta(hours=1)).isoformat()
+
+
+@pytest.fixture
+def future(now):
+    """An instant an hour ahead, as ISO 8601: a wait until then is not due."""
+    return (now + timedelta(hours=1)).isoformat()
+
+
+def trigger(type: str, tenant_id: str = "default", **payload: Any):
+    """Append a domain event (which may start runs) and return it."""
+    from kumiko_workflows import append_event
+
+    payload.setdefault("run_key", uuid.uuid4().hex)
+    return append_event(uuid.uuid4(), "test-source", type, payload, tenant_id=tenant_id)
+
+
+def run_events(run_id) -> list:
+    from kumiko_workflows import load_stream
+
+    return load_stream(run_id)
+
+
+def types_of(run_id) -> list[str]:
+    return [event.type for event in run_events(run_id)]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process that uses this test database."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["KUMIKO_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def manage(*args: str, **kwargs: Any) -> subprocess.Popen:
+    """Start ``manage.py`` with the test settings as a real subprocess."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "manage.py"), *args],
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=kwargs.pop("stdout", subprocess.PIPE),
+        stderr=kwargs.pop("stderr", subprocess.PIPE),
+        text=True,
+        **kwargs,
+    )
+
+
+def run_manage(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "manage.py"), *args],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,172 @@
+"""Workflows the test suite drives through the public API.
+
+They live in an installed app so that worker subprocesses discover them too.
+Arguments come from the trigger payload, so tests choose instants in the past
+or the future instead of waiting for time to pass.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from kumiko_workflows import define_workflow, on_event, steps
+
+
+def run_key(event):
+    return event.payload["run_key"]
+
+
+class FlakyError(Exception):
+    pass
+
+
+class FatalError(Exception):
+    pass
+
+
+def gate(ctx):
+    if ctx.retry_attempt <= ctx.event.payload.get("fail_attempts", 1):
+        raise FlakyError("secret-detail: card 4242 declined")
+    ctx.append_event(
+        ctx.event.aggregate_id, "test", "t.gate-passed", {"attempt": ctx.retry_attempt}
+    )
+    return ctx.retry_attempt
+
+
+def fatal_gate(ctx):
+    raise FatalError("do not retry")
+
+
+def record(name):
+    def fn(ctx):
+        ctx.append_event(ctx.event.aggregate_id, "test", "t.recorded", {"step": name})
+        return {"step": name, "seen": sorted(ctx.steps)}
+
+    fn.__qualname__ = f"record.{name}"
+    return fn
+
+
+def boom(ctx):
+    ctx.append_event(ctx.event.aggregate_id, "test", "t.written-before-boom", {})
+    raise RuntimeError("secret-detail: database password is hunter2")
+
+
+def user_match(ctx):
+    return {
+        "version": 1,
+        "expr": {
+            "kind": "atom",
+            "path": ["user_id"],
+            "op": {"kind": "eq", "value": ctx.event.payload["user_id"]},
+        },
+    }
+
+
+def payload_value(key, default=None):
+    def fn(ctx):
+        return ctx.event.payload.get(key, default)
+
+    fn.__qualname__ = f"payload_value.{key}"
+    return fn
+
+
+def block_until_released(ctx):
+    """Signal that the step runs, then hold until the test releases it (a file)."""
+    folder = Path(ctx.event.payload["sync_dir"])
+    (folder / f"running-{ctx.event.payload['run_key']}").touch()
+    release = folder / "release"
+    deadline = time.monotonic() + 60
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getpid()
+
+
+wait_then_done = define_workflow(
+    name="t-wait",
+    trigger=on_event("t.wait"),
+    idempotency_key=run_key,
+    steps=[
+        steps.compute("before", record("before")),
+        steps.wait(payload_value("for", "PT1H")),
+        steps.compute("after", record("after")),
+    ],
+)
+
+retry_gate = define_workflow(
+    name="t-retry",
+    trigger=on_event("t.retry"),
+    idempotency_key=run_key,
+    steps=[
+        steps.retry(
+            times=3,
+            backoff="linear",
+            base_delay="PT10S",
+            give_up_on=[FatalError],
+            do=[steps.compute("gate", gate)],
+        ),
+        steps.compute("after", record("after")),
+    ],
+)
+
+give_up = define_workflow(
+    name="t-give-up",
+    trigger=on_event("t.give-up"),
+    idempotency_key=run_key,
+    steps=[
+        steps.retry(
+            times=5,
+            backoff="exponential",
+            give_up_on=FatalError,
+            do=[steps.compute("fatal", fatal_gate)],
+        )
+    ],
+)
+
+await_verification = define_workflow(
+    name="t-event",
+    trigger=on_event("t.signed-up"),
+    idempotency_key=run_key,
+    awaits={"verified": "t.verified"},
+    steps=[
+        steps.wait_for_event("verified", match=user_match, timeout=payload_value("timeout", "P7D")),
+        steps.compute("after", record("after")),
+    ],
+)
+
+failing = define_workflow(
+    name="t-fail",
+    trigger=on_event("t.fail"),
+    idempotency_key=run_key,
+    steps=[steps.compute("boom", boom)],
+)
+
+branching = define_workflow(
+    name="t-branch",
+    trigger=on_event("t.branch"),
+    idempotency_key=run_key,
+    steps=[
+        steps.compute("first", record("first")),
+        steps.branch(
+            if_=payload_value("go_then", True),
+            then=[
+                steps.compute("then_before", record("then_before")),
+                steps.wait(payload_value("for", "PT1H")),
+                steps.compute("then_after", record("then_after")),
+            ],
+            else_=[steps.compute("else_only", record("else_only"))],
+        ),
+        steps.compute("last", record("last")),
+    ],
+)
+
+blocking = define_workflow(
+    name="t-blocking",
+    trigger=on_event("t.blocking"),
+    idempotency_key=run_key,
+    steps=[
+        steps.wait(payload_value("for", "PT0S")),
+        steps.compute("held", block_until_released),
+    ],
+)
