@@ -144,6 +144,11 @@ class WorkflowRun(models.Model):
             models.Index(fields=["tenant_id", "status", "updated_at"], name="kw_run_tenant_status"),
             models.Index(fields=["tenant_id", "workflow_name"], name="kw_run_tenant_workflow"),
         ]
+        permissions = [
+            ("wake_workflowrun", "Can wake a waiting workflow run now"),
+            ("cancel_workflowrun", "Can cancel a workflow run"),
+            ("retry_workflowrun", "Can retry a failed workflow run"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.workflow_name} {self.run_id} ({self.status})"
