@@ -124,6 +124,7 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
                 stream,
                 Failure(DEFINITION_CHANGED, row.step, message, detail=message),
                 state=row.state,
+                retry_from=row.step,
             )
         except VersionConflict:
             return "skipped", False
@@ -180,6 +181,7 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
                 f"the trigger event #{row.trigger_event_id} is gone",
             ),
             state=state,
+            retry_from=row.step,
         )
         return "failed", True
     missing = [i for i in awaited.values() if i is not None and i not in events]
@@ -192,6 +194,7 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
                 AWAITED_EVENT_UNAVAILABLE, row.step, f"the awaited event #{missing[0]} is gone"
             ),
             state=state,
+            retry_from=row.step,
         )
         return "failed", True
 

@@ -46,3 +46,321 @@ def test_a_future_wait_is_due_once_its_instant_has_passed(now):
     assert resume_due_runs(now=now + timedelta(minutes=59)).resumed == 0
     assert resume_due_runs(now=now + timedelta(minutes=61)).completed == 1
     assert types_of(run_id)[-1] == et.RUN_COMPLETED
+
+
+def _pending(run_id):
+    return WorkflowRunPending.objects.get(run_id=run_id)
+
+
+def _tamper(run_id, **fields):
+    """Change a pending row behind the projection's back (as a bad deploy or a DBA might)."""
+    WorkflowRunPending.objects.filter(run_id=run_id).update(**fields)
+
+
+def test_changed_definition_fails_loudly_before_any_claim(past):
+    event = trigger("t.wait", **{"for": past})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    _tamper(run_id, definition_fingerprint="tampered-fingerprint")
+
+    report = resume_due_runs()
+
+    assert types_of(run_id) == [et.RUN_STARTED, et.WAITING, et.RUN_FAILED]
+    failed = run_events(run_id)[2].payload
+    assert failed["reason"] == "workflow_definition_changed"
+    assert failed["step"] == "1"
+    assert (report.failed, report.resumed) == (1, 0)
+    assert not WorkflowRunPending.objects.filter(run_id=run_id).exists()
+
+
+def test_changed_definition_names_the_changed_step(past):
+    from kumiko_workflows import define_workflow, on_event, steps
+    from kumiko_workflows.definition import registry
+    from tests.testapp import workflows as w
+
+    event = trigger("t.wait", **{"for": past})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    changed = define_workflow(
+        name="t-wait",
+        trigger=on_event("t.wait"),
+        idempotency_key=w.run_key,
+        steps=[
+            steps.compute("before", w.record("before")),
+            steps.wait(w.payload_value("for", "PT1H")),
+            steps.compute("after", w.record("renamed")),
+        ],
+        register=False,
+    )
+    with registry.override(changed):
+        resume_due_runs()
+
+    failed = WorkflowRun.objects.get(run_id=run_id)
+    assert failed.failure_reason == "workflow_definition_changed"
+    assert "step 2 (compute 'after') changed" in failed.last_error
+    assert "step 2" in run_events(run_id)[-1].payload["error"]
+
+
+def test_unregistered_workflow_fails_the_same_way(past):
+    from kumiko_workflows.definition import registry
+
+    event = trigger("t.wait", **{"for": past})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    with registry.without("t-wait"):
+        resume_due_runs()
+
+    failed = run_events(run_id)[-1]
+    assert failed.type == et.RUN_FAILED
+    assert failed.payload["reason"] == "workflow_definition_changed"
+    assert "not registered" in WorkflowRun.objects.get(run_id=run_id).last_error
+
+
+def test_retry_resumes_the_same_step_with_the_attempt_threaded(now):
+    event = trigger("t.retry", fail_attempts=1)
+    run_id = run_id_for("t-retry", event.payload["run_key"])
+    assert types_of(run_id) == [et.RUN_STARTED, et.RETRY_SCHEDULED]
+    scheduled = run_events(run_id)[1].payload
+    assert (scheduled["step"], scheduled["attempt"], scheduled["max_attempts"]) == ("0", 1, 3)
+
+    assert resume_due_runs(now=now + timedelta(seconds=9)).resumed == 0  # linear: 10 s × 1
+    resume_due_runs(now=now + timedelta(seconds=11))
+
+    assert types_of(run_id) == [
+        et.RUN_STARTED,
+        et.RETRY_SCHEDULED,
+        et.RESUMED,
+        et.RUN_COMPLETED,
+    ]
+    assert WorkflowRun.objects.get(run_id=run_id).status == "completed"
+
+
+def test_retry_exhausted_fails_the_run_and_keeps_no_body_writes(now):
+    from kumiko_workflows.models import Event
+
+    event = trigger("t.retry", fail_attempts=5)
+    run_id = run_id_for("t-retry", event.payload["run_key"])
+    resume_due_runs(now=now + timedelta(seconds=11))  # attempt 2, next in 20 s
+    resume_due_runs(now=now + timedelta(seconds=60))  # attempt 3 of 3
+
+    assert types_of(run_id) == [
+        et.RUN_STARTED,
+        et.RETRY_SCHEDULED,
+        et.RESUMED,
+        et.RETRY_SCHEDULED,
+        et.RESUMED,
+        et.RUN_FAILED,
+    ]
+    assert [e.payload["attempt"] for e in run_events(run_id) if e.type == et.RETRY_SCHEDULED] == [
+        1,
+        2,
+    ]
+    failed = run_events(run_id)[-1].payload
+    assert failed["reason"] == "step_failed" and failed["error_class"] == "FlakyError"
+    assert not Event.objects.filter(type="t.gate-passed").exists()
+
+
+def test_give_up_on_fails_at_once():
+    event = trigger("t.give-up")
+    run_id = run_id_for("t-give-up", event.payload["run_key"])
+    assert types_of(run_id) == [et.RUN_STARTED, et.RUN_FAILED]
+    assert "gave up on FatalError" in run_events(run_id)[-1].payload["error"]
+
+
+def _verification(user_id, tenant_id="default", timeout="P7D"):
+    event = trigger("t.signed-up", tenant_id=tenant_id, user_id=user_id, timeout=timeout)
+    return run_id_for("t-event", event.payload["run_key"], tenant_id)
+
+
+def _verify(user_id, tenant_id="default", **extra):
+    import uuid
+
+    from kumiko_workflows import append_event
+
+    return append_event(
+        uuid.uuid4(), "user", "t.verified", {"user_id": user_id, **extra}, tenant_id=tenant_id
+    )
+
+
+def test_matching_awaited_event_wakes_the_run_with_its_payload():
+    run_id = _verification("u1")
+    assert _pending(run_id).wake_at is not None and not resume_due_runs().resumed
+
+    verified = _verify("u1", note="first")
+    _verify("u1", note="second")  # the first match wins
+    row = _pending(run_id)
+    assert row.awaited_event_id == verified.id
+
+    resume_due_runs()
+
+    events = run_events(run_id)
+    assert [e.type for e in events] == [
+        et.RUN_STARTED,
+        et.WAITING_FOR_EVENT,
+        et.RESUMED,
+        et.RUN_COMPLETED,
+    ]
+    from kumiko_workflows.models import Event
+
+    recorded = Event.objects.get(type="t.recorded", payload__step="after")
+    assert recorded.payload["steps"]["verified"] == {"user_id": "u1", "note": "first"}
+    assert events[2].payload["awaited_event_id"] == verified.id
+    after = WorkflowRun.objects.get(run_id=run_id)
+    assert after.status == "completed"
+    # Invariant 7: the awaited payload is referenced, never copied into run events.
+    assert all("first" not in str(e.payload) for e in events)
+
+
+def test_non_matching_event_leaves_the_run_waiting():
+    run_id = _verification("u1")
+    _verify("someone-else")
+    assert _pending(run_id).awaited_event_id is None
+    assert resume_due_runs().resumed == 0
+    assert types_of(run_id) == [et.RUN_STARTED, et.WAITING_FOR_EVENT]
+
+
+def test_an_event_of_another_tenant_never_wakes_a_run():
+    run_a = _verification("u1", tenant_id="tenant-a")
+    run_b = _verification("u1", tenant_id="tenant-b")
+    assert run_a != run_b
+
+    _verify("u1", tenant_id="tenant-b")
+
+    assert _pending(run_a).awaited_event_id is None
+    assert _pending(run_b).awaited_event_id is not None
+    report = resume_due_runs()
+    assert report.completed == 1
+    assert types_of(run_a) == [et.RUN_STARTED, et.WAITING_FOR_EVENT]
+    assert resume_due_runs(tenant_id="tenant-a").resumed == 0
+
+
+def test_timeout_resumes_with_none(now):
+    from kumiko_workflows.models import Event
+
+    run_id = _verification("u1", timeout="PT1H")
+    resume_due_runs(now=now + timedelta(hours=2))
+
+    assert types_of(run_id)[-1] == et.RUN_COMPLETED
+    recorded = Event.objects.get(type="t.recorded", payload__step="after")
+    assert recorded.payload["steps"] == {"verified": None}
+
+
+def test_cancel_run_settles_a_waiting_run_and_removes_its_pending_row(future):
+    from kumiko_workflows import cancel_run
+
+    event = trigger("t.wait", **{"for": future})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+
+    assert cancel_run(run_id, reason="customer asked", by="support@example.com") is True
+
+    assert types_of(run_id)[-1] == et.RUN_CANCELLED
+    assert run_events(run_id)[-1].payload["reason"] == "customer asked"
+    assert not WorkflowRunPending.objects.filter(run_id=run_id).exists()
+    assert WorkflowRun.objects.get(run_id=run_id).status == "cancelled"
+    assert cancel_run(run_id, reason="again") is False
+
+
+def test_wake_run_makes_a_waiting_run_due_now(future):
+    from kumiko_workflows import wake_run
+
+    event = trigger("t.wait", **{"for": future})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    assert resume_due_runs().resumed == 0
+
+    assert wake_run(run_id, by="ops") is True
+    assert resume_due_runs().completed == 1
+    assert types_of(run_id) == [
+        et.RUN_STARTED,
+        et.WAITING,
+        et.WAKE_REQUESTED,
+        et.RESUMED,
+        et.RUN_COMPLETED,
+    ]
+    assert wake_run(run_id) is False
+
+
+@pytest.mark.parametrize("operation", ["cancel", "wake", "retry"])
+def test_operations_on_an_unknown_run_id_say_so(operation):
+    import uuid
+
+    from kumiko_workflows import cancel_run, retry_run, wake_run
+    from kumiko_workflows.exceptions import RunNotFound
+
+    call = {
+        "cancel": lambda rid: cancel_run(rid, reason="x"),
+        "wake": wake_run,
+        "retry": retry_run,
+    }[operation]
+    missing = uuid.uuid4()
+    with pytest.raises(RunNotFound, match=str(missing)):
+        call(missing)
+    with pytest.raises(RunNotFound, match="not a run id"):
+        call("not-a-uuid")
+
+
+def _delete_event(event_id):
+    """Remove an event with raw SQL, as a retention job or an erasure request would."""
+    from django.db import connection
+
+    from kumiko_workflows.models import Event
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {Event._meta.db_table} WHERE id = %s", [event_id])  # noqa: S608
+
+
+def test_trigger_event_gone_fails_the_run(past):
+    event = trigger("t.wait", **{"for": past})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    _delete_event(event.id)
+
+    resume_due_runs()
+
+    assert types_of(run_id)[-2:] == [et.RESUMED, et.RUN_FAILED]
+    assert run_events(run_id)[-1].payload["reason"] == "trigger_event_unavailable"
+
+
+def test_awaited_event_gone_fails_the_run():
+    run_id = _verification("u1")
+    verified = _verify("u1")
+    _delete_event(verified.id)
+
+    resume_due_runs()
+
+    assert run_events(run_id)[-1].payload["reason"] == "awaited_event_unavailable"
+
+
+def test_retry_run_reruns_a_failed_run_from_where_its_attempt_began(now):
+    from kumiko_workflows import retry_run
+    from kumiko_workflows.exceptions import RunNotRetryable
+
+    event = trigger("t.retry", fail_attempts=1)
+    run_id = run_id_for("t-retry", event.payload["run_key"])
+    _tamper(run_id, definition_fingerprint="x")  # make the resume fail
+    resume_due_runs(now=now + timedelta(seconds=11))
+    assert WorkflowRun.objects.get(run_id=run_id).status == "failed"
+    with pytest.raises(RunNotRetryable, match="changed"):
+        # The run's own fingerprint is fine: only the pending row was tampered.
+        # So make the registry differ to see the refusal first.
+        from kumiko_workflows.definition import registry
+
+        with registry.without("t-retry"):
+            retry_run(run_id)
+
+    assert retry_run(run_id, by="ops") is True
+    assert WorkflowRun.objects.get(run_id=run_id).status == "waiting"
+    resume_due_runs(now=now + timedelta(seconds=12))
+    # The retry step runs again from attempt 1, which fails once more...
+    assert types_of(run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.RETRY_SCHEDULED]
+    resume_due_runs(now=now + timedelta(seconds=60))
+    # ...and attempt 2 passes.
+    assert types_of(run_id)[-2:] == [et.RESUMED, et.RUN_COMPLETED]
+    with pytest.raises(RunNotRetryable, match="completed"):
+        retry_run(run_id)
+
+
+def test_tampered_pending_row_with_unknown_step_fails_the_run(past):
+    event = trigger("t.wait", **{"for": past})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    _tamper(run_id, step="7.then.3")
+
+    resume_due_runs()
+
+    assert run_events(run_id)[-1].payload["reason"] == "invalid_pending_row"
+    assert not WorkflowRunPending.objects.filter(run_id=run_id).exists()

@@ -41,7 +41,9 @@ def fatal_gate(ctx):
 
 def record(name):
     def fn(ctx):
-        ctx.append_event(ctx.event.aggregate_id, "test", "t.recorded", {"step": name})
+        ctx.append_event(
+            ctx.event.aggregate_id, "test", "t.recorded", {"step": name, "steps": dict(ctx.steps)}
+        )
         return {"step": name, "seen": sorted(ctx.steps)}
 
     fn.__qualname__ = f"record.{name}"

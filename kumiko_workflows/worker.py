@@ -1,0 +1,274 @@
+"""The resume worker behind ``manage.py resume_due_runs``.
+
+One pass fires due cron slots and resumes every due run. ``--loop`` repeats
+passes: between them it sleeps until the next ``wake_at`` or the interval,
+and on PostgreSQL it also LISTENs on ``KUMIKO_WORKFLOWS['NOTIFY_CHANNEL']``,
+which the projections NOTIFY (at commit) whenever a row becomes due now, so
+a woken run starts well under a second later. The first SIGTERM/SIGINT lets
+the current run finish and the worker exit 0; a second exits 1 at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, close_old_connections, connection
+from django.db.models import Min
+from django.utils import timezone
+
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.models import WorkflowRunPending
+from kumiko_workflows.resume import ResumeReport, resume_due_runs
+
+logger = logging.getLogger("kumiko_workflows.worker")
+
+#: Errors that mean "the database is unreachable or the connection broke".
+CONNECTION_ERRORS = (DatabaseError, InterfaceError)
+_MAX_BACKOFF = 30.0
+
+
+@dataclass
+class PassResult:
+    report: ResumeReport
+    fired: int = 0
+    started_at: datetime = field(default_factory=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.report} fired={self.fired}"
+
+
+class Listener:
+    """A dedicated autocommit connection LISTENing for due rows (PostgreSQL only)."""
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+
+    def fileno(self) -> int | None:
+        if self.conn is None:
+            try:
+                self._connect()
+            except Exception as exc:
+                logger.warning("LISTEN connection failed (%s); polling instead", exc)
+                self.conn = None
+                return None
+        return self.conn.fileno()
+
+    def _connect(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        connection.ensure_connection()
+        params = connection.get_connection_params()
+        for key in ("cursor_factory", "context", "prepare_threshold"):
+            params.pop(key, None)
+        self.conn = psycopg.connect(**params, autocommit=True)
+        self.conn.execute(
+            sql.SQL("LISTEN {}").format(sql.Identifier(workflow_settings.NOTIFY_CHANNEL))
+        )
+
+    def drain(self) -> int:
+        """Consume pending notifications; return how many there were."""
+        if self.conn is None:
+            return 0
+        try:
+            return sum(1 for _ in self.conn.notifies(timeout=0.0))
+        except Exception as exc:
+            logger.warning("LISTEN connection lost (%s); reconnecting", exc)
+            self.close()
+            return 1  # be safe: do a pass
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # pragma: no cover - closing a broken connection
+                pass
+            self.conn = None
+
+
+class Worker:
+    """Runs resume passes once or in a loop; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        tenants: Sequence[str] | None = None,
+        limit: int | None = None,
+        interval: float | None = None,
+        max_runs: int | None = None,
+        cron: bool = True,
+        on_pass: Callable[[PassResult], None] | None = None,
+    ) -> None:
+        self.tenants = list(tenants or [])
+        self.limit = limit
+        self.interval = float(
+            interval if interval is not None else workflow_settings.WORKER_INTERVAL
+        )
+        self.max_runs = max_runs
+        self.cron = cron
+        self.on_pass = on_pass or (lambda result: None)
+        self.stopping = False
+        self.processed = 0
+        self.errors = 0
+        self._wakeup_r: int | None = None
+
+    # -- one pass ----------------------------------------------------------------
+
+    def run_once(self, now: datetime | None = None) -> PassResult:
+        fired = 0
+        if self.cron:
+            from kumiko_workflows.cron import fire_due_schedules
+
+            fired = fire_due_schedules(now=now)
+        limit = self.limit
+        if self.max_runs is not None:
+            left = self.max_runs - self.processed
+            limit = left if limit is None else min(limit, left)
+        report = ResumeReport()
+        for tenant in self.tenants or [None]:
+            if limit is not None and report.processed >= limit:
+                break
+            part = resume_due_runs(
+                tenant_id=tenant,
+                limit=None if limit is None else limit - report.processed,
+                now=now,
+                should_stop=lambda: self.stopping,
+            )
+            for key, value in part.as_dict().items():
+                setattr(report, key, getattr(report, key) + value)
+        self.processed += report.processed
+        self.errors += report.errors
+        result = PassResult(report, fired)
+        self.on_pass(result)
+        return result
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run_forever(self) -> None:
+        if connection.vendor == "sqlite":
+            logger.warning("SQLite allows one resume worker at a time; do not start a second one")
+        self._install_signals()
+        listener = Listener() if connection.vendor == "postgresql" else None
+        backoff = 1.0
+        try:
+            while not self.stopping and not self._done():
+                close_old_connections()
+                try:
+                    result = self.run_once()
+                except CONNECTION_ERRORS as exc:
+                    logger.error(
+                        "database unavailable (%s: %s); retrying in %.0fs",
+                        type(exc).__name__,
+                        str(exc).strip().splitlines()[0] if str(exc) else "",
+                        backoff,
+                    )
+                    self._reset_connection(listener)
+                    self._sleep(backoff, None)
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    continue
+                backoff = 1.0
+                if self.stopping or self._done():
+                    break
+                if result.report.resumed or result.fired:
+                    continue  # progress was made: more may be due right away
+                self._sleep(self._sleep_seconds(), listener)
+        finally:
+            if listener is not None:
+                listener.close()
+            self._restore_signals()
+
+    def _done(self) -> bool:
+        return self.max_runs is not None and self.processed >= self.max_runs
+
+    def _sleep_seconds(self) -> float:
+        now = timezone.now()
+        query = WorkflowRunPending.objects.filter(wake_at__gt=now)
+        if self.tenants:
+            query = query.filter(tenant_id__in=self.tenants)
+        try:
+            next_wake = query.aggregate(next=Min("wake_at"))["next"]
+        except CONNECTION_ERRORS:
+            return self.interval
+        seconds = self.interval
+        if next_wake is not None:
+            seconds = min(seconds, (next_wake - now).total_seconds())
+        return max(seconds, 0.01)
+
+    def _sleep(self, seconds: float, listener: Listener | None) -> None:
+        """Sleep up to ``seconds``; return early on NOTIFY or a signal."""
+        if listener is not None and listener.drain():
+            return
+        fds = [self._wakeup_r] if self._wakeup_r is not None else []
+        pg_fd = listener.fileno() if listener is not None else None
+        if pg_fd is not None:
+            fds.append(pg_fd)
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if not fds:
+                time.sleep(remaining)
+                return
+            readable, _, _ = select.select(fds, [], [], remaining)
+            if self._wakeup_r is not None and self._wakeup_r in readable:
+                try:
+                    os.read(self._wakeup_r, 512)
+                except BlockingIOError:
+                    pass
+            if (
+                pg_fd is not None
+                and pg_fd in readable
+                and listener is not None
+                and listener.drain()
+            ):
+                return
+
+    @staticmethod
+    def _reset_connection(listener: Listener | None) -> None:
+        try:
+            connection.close()
+        except Exception:  # pragma: no cover - the connection is already gone
+            pass
+        if listener is not None:
+            listener.close()
+
+    # -- signals ------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        self._previous: dict[int, Any] = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        self._wakeup_r, self._wakeup_w = r, w
+        self._previous_wakeup = signal.set_wakeup_fd(w)
+
+    def _restore_signals(self) -> None:
+        for signum, handler in getattr(self, "_previous", {}).items():
+            signal.signal(signum, handler)
+        if self._wakeup_r is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            os.close(self._wakeup_r)
+            os.close(self._wakeup_w)
+            self._wakeup_r = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            logger.warning("second %s: exiting now", signal.Signals(signum).name)
+            raise SystemExit(1)
+        self.stopping = True
+        logger.warning(
+            "%s received: finishing the current run, then exiting (send again to force)",
+            signal.Signals(signum).name,
+        )
