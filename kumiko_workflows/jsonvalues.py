@@ -28,7 +28,12 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
     """
     if _depth > MAX_DEPTH:
         raise NotJSON(f"{where} is nested more than {MAX_DEPTH} levels deep")
-    if value is None or isinstance(value, bool | str | int):
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        problem = _text_problem(value)
+        if problem:
+            raise NotJSON(f"{where} {problem}")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -39,6 +44,9 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise NotJSON(f"{where} has a key {key!r} that is not a string")
+            problem = _text_problem(key)
+            if problem:
+                raise NotJSON(f"{where} has a key {key!r} that {problem}")
             out[key] = to_json(item, f"{where}[{key!r}]", _depth + 1)
         return out
     if isinstance(value, list | tuple):
@@ -52,6 +60,18 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
     raise NotJSON(f"{where} is a {type(value).__name__}, which is not JSON-serialisable")
+
+
+def _text_problem(text: str) -> str | None:
+    # PostgreSQL's jsonb cannot hold U+0000, and lone surrogates are not
+    # encodable: refuse both here so every database behaves alike.
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000), which the database cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (it holds a lone surrogate)"
+    return None
 
 
 def json_size(value: Any) -> int:
