@@ -100,10 +100,24 @@ def append_event(
         or expected_version < 0
     ):
         raise InvalidEvent(f"expected_version must be an integer >= 0, got {expected_version!r}")
-    if not isinstance(event_version, int) or event_version < 1:
+    if isinstance(event_version, bool) or not isinstance(event_version, int) or event_version < 1:
         raise InvalidEvent(f"event_version must be an integer >= 1, got {event_version!r}")
+    if created_at is not None and not isinstance(created_at, datetime):
+        raise InvalidEvent(f"created_at must be an aware datetime, got {created_at!r}")
     if created_at is not None and (created_at.tzinfo is None or created_at.utcoffset() is None):
         raise InvalidEvent(f"created_at is a naive datetime ({created_at.isoformat()})")
+    if (
+        expected_version
+        and not Event.objects.filter(aggregate_id=aggregate, version=expected_version).exists()
+    ):
+        # Without this, appending past the end would leave a gap in the stream.
+        current = Event.objects.filter(aggregate_id=aggregate).aggregate(v=Max("version"))["v"]
+        raise VersionConflict(
+            f"stream {aggregate} is at version {current or 0}, not at the expected "
+            f"version {expected_version}",
+            aggregate_id=aggregate,
+            expected_version=expected_version,
+        )
 
     attempts = 1 if expected_version is not None else _NEXT_VERSION_ATTEMPTS
     for attempt in range(1, attempts + 1):
