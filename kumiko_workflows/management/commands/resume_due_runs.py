@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -18,16 +19,19 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
+        raise ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
-        raise ValueError(f"{text!r} must be at least 1")
+        raise ArgumentTypeError(f"{text!r}: must be at least 1")
     return value
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"{text!r} must be greater than 0")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise ArgumentTypeError(f"{text!r}: must be greater than 0")
     return value
 
 
