@@ -1,0 +1,856 @@
+"""The scenarios behind ``manage.py kumiko_bench``: the engine against its floors.
+
+Every scenario works in a tenant of its own (``kumiko-bench-<random>``) and in
+scratch tables (``kumiko_bench_<random>_*``), and removes both when it ends,
+so the user's rows are never read or written. Worker processes are this same
+command started again with ``--worker``: importing this module registers the
+bench workflows there too.
+
+Baselines run in the same invocation, interleaved with the engine, so that a
+noisy machine slows both alike; each ratio is the median of the rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows.definition import define_workflow, on_event, registry, run_id_for
+from kumiko_workflows.models import Event, RunStatus, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.steps import compute, wait, wait_for_event
+
+logger = logging.getLogger("kumiko_workflows.bench")
+
+SOURCE = "kumiko-bench"
+DRAIN_WORKFLOW = "kumiko-bench-drain"
+WAKE_WORKFLOW = "kumiko-bench-wake"
+DRAIN_TRIGGER = "kumiko-bench.drain-requested"
+WAKE_TRIGGER = "kumiko-bench.wake-started"
+WAKE_EVENT = "kumiko-bench.wake-go"
+APPEND_TYPE = "kumiko-bench.appended"
+
+SCENARIOS = ("append", "start", "drain", "scan", "wake", "memory")
+DEFAULT_N = {"append": 2000, "start": 1000, "drain": 2000, "scan": 1_000_000, "wake": 50}
+MEMORY_SIZES = (5_000, 50_000)
+SCAN_DUE_ROWS = 100
+
+
+# --- the bench workflows (registered wherever this module is imported) --------
+
+
+def _first(ctx: Any) -> dict[str, Any]:
+    return {"key": ctx.event.payload["key"], "n": 1}
+
+
+def _second(ctx: Any) -> int:
+    # Reads the result of the step before the wait: restored from the pending row.
+    return ctx.steps["first"]["n"] + 1
+
+
+def _wake_at(ctx: Any) -> str:
+    return ctx.event.payload["wake_at"]
+
+
+def _wake_match(ctx: Any) -> dict[str, Any]:
+    key = ctx.event.payload["key"]
+    return {
+        "version": 1,
+        "expr": {"kind": "atom", "path": ["key"], "op": {"kind": "eq", "value": key}},
+    }
+
+
+def _done(ctx: Any) -> bool:
+    return ctx.steps["go"] is not None
+
+
+def _key(event: Any) -> str:
+    return event.payload["key"]
+
+
+def _register() -> None:
+    if registry._workflows.get(DRAIN_WORKFLOW) is None:
+        define_workflow(
+            DRAIN_WORKFLOW,
+            on_event(DRAIN_TRIGGER),
+            idempotency_key=_key,
+            steps=[compute("first", _first), wait(_wake_at), compute("second", _second)],
+        )
+    if registry._workflows.get(WAKE_WORKFLOW) is None:
+        define_workflow(
+            WAKE_WORKFLOW,
+            on_event(WAKE_TRIGGER),
+            idempotency_key=_key,
+            awaits={"go": WAKE_EVENT},
+            steps=[wait_for_event("go", match=_wake_match), compute("done", _done)],
+        )
+
+
+_register()
+
+
+# --- results ---------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    scenario: str
+    n: int
+    seconds: float
+    per_sec: float
+    ratio: float | None = None
+    baseline: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass
+class Skipped:
+    scenario: str
+    reason: str
+
+
+class Bench:
+    """Runs scenarios against ``connection``; ``out`` prints one line."""
+
+    def __init__(
+        self,
+        *,
+        n: int | None,
+        rounds: int,
+        out: Callable[[str], None],
+        worker_command: list[str],
+        worker_env: dict[str, str],
+    ) -> None:
+        self.n = n
+        self.rounds = max(1, rounds)
+        self.out = out
+        self.worker_command = worker_command
+        self.worker_env = worker_env
+        token = uuid.uuid4().hex[:10]
+        self.tenant = f"kumiko-bench-{token}"
+        self.prefix = f"kumiko_bench_{token}"
+        self.results: list[Result | Skipped] = []
+        self.vendor = connection.vendor
+
+    # -- helpers ----------------------------------------------------------------
+
+    def size(self, scenario: str) -> int:
+        return self.n if self.n is not None else DEFAULT_N[scenario]
+
+    def emit(self, result: Result) -> None:
+        self.results.append(result)
+        self.out(
+            f"RESULT name=kumiko_{result.scenario} n={result.n} seconds={result.seconds:.4f} "
+            f"per_sec={result.per_sec:.1f}"
+        )
+        if result.ratio is not None:
+            self.out(f"RATIO name={result.scenario} value={result.ratio:.3f}")
+
+    def skip(self, scenario: str, reason: str) -> None:
+        self.results.append(Skipped(scenario, reason))
+        self.out(f"SKIPPED name=kumiko_{scenario} reason={reason}")
+
+    def table(self, name: str) -> str:
+        return connection.ops.quote_name(f"{self.prefix}_{name}")
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, list(params))
+            return cursor.fetchall() if cursor.description else []
+
+    def run(self, scenarios: Iterable[str]) -> None:
+        try:
+            for scenario in scenarios:
+                getattr(self, f"scenario_{scenario}")()
+                self.cleanup()
+        finally:
+            self.cleanup()
+
+    # -- scratch data -------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Delete the bench tenant's rows and drop the scratch tables."""
+        for model in (Event, WorkflowRun, WorkflowRunPending):
+            # Events refuse QuerySet.delete(): remove the bench tenant's by SQL.
+            table = connection.ops.quote_name(model._meta.db_table)
+            self.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [self.tenant])  # noqa: S608
+        with connection.cursor() as cursor:
+            for name in connection.introspection.table_names(cursor):
+                if name.startswith(self.prefix):
+                    cursor.execute(f"DROP TABLE {connection.ops.quote_name(name)}")
+
+    def scratch_like(self, name: str, model: type[Any]) -> str:
+        """Create a scratch table with ``model``'s columns, constraints and indexes."""
+        scratch = self.table(name)
+        source = connection.ops.quote_name(model._meta.db_table)
+        if self.vendor == "postgresql":
+            self.execute(f"CREATE TABLE {scratch} (LIKE {source} INCLUDING ALL)")
+            return scratch
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT sql FROM sqlite_master WHERE tbl_name = %s AND sql IS NOT NULL",
+                [model._meta.db_table],
+            )
+            statements = [row[0] for row in cursor.fetchall()]
+        plain = model._meta.db_table
+        for statement in statements:
+            renamed = statement.replace(f'"{plain}"', scratch).replace(
+                " INDEX ", f" INDEX {self.prefix}_"
+            )
+            self.execute(renamed.replace(f'INDEX {self.prefix}_"', f'INDEX "{self.prefix}_'))
+        return scratch
+
+    # -- workers ------------------------------------------------------------------
+
+    def start_workers(self, mode: str, count: int, *extra: str) -> list[subprocess.Popen]:
+        procs = []
+        for _ in range(count):
+            proc = subprocess.Popen(
+                [
+                    *self.worker_command,
+                    "--worker",
+                    mode,
+                    "--tenant",
+                    self.tenant,
+                    "--prefix",
+                    self.prefix,
+                    *extra,
+                ],
+                env=self.worker_env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(proc)
+        for proc in procs:
+            line = proc.stdout.readline() if proc.stdout else ""
+            if not line.startswith("READY"):
+                for other in procs:
+                    other.kill()
+                raise RuntimeError(f"bench worker did not start: {line!r}")
+        return procs
+
+    def go(self, procs: list[subprocess.Popen]) -> tuple[float, list[dict[str, Any]]]:
+        """Release started workers together; wall time until all finished, and their reports."""
+        started = time.perf_counter()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("GO\n")
+            proc.stdin.flush()
+        reports = []
+        for proc in procs:
+            assert proc.stdout is not None
+            out, _ = proc.communicate(timeout=3600)
+            done = [line for line in out.splitlines() if line.startswith("DONE ")]
+            if proc.returncode != 0 or not done:
+                raise RuntimeError(f"bench worker failed (exit {proc.returncode}): {out[-2000:]}")
+            reports.append(json.loads(done[-1][5:]))
+        return time.perf_counter() - started, reports
+
+    # -- seeding --------------------------------------------------------------------
+
+    def seed_due_runs(self, count: int) -> list[uuid.UUID]:
+        """``count`` due runs of the drain workflow, each with its own trigger event.
+
+        One run is started through ``append_event`` (the real engine); the
+        rest are copies of its rows written with ``bulk_create``, so they have
+        exactly the shape the projections give, at a fraction of the cost.
+        """
+        from kumiko_workflows.store import append_event
+
+        past = (timezone.now() - timedelta(minutes=5)).isoformat()
+        template_key = f"t-{uuid.uuid4().hex}"
+        append_event(
+            uuid.uuid4(),
+            SOURCE,
+            DRAIN_TRIGGER,
+            {"key": template_key, "wake_at": past},
+            tenant_id=self.tenant,
+        )
+        template_id = run_id_for(DRAIN_WORKFLOW, template_key, self.tenant)
+        started, waiting = list(Event.objects.filter(aggregate_id=template_id).order_by("version"))
+        assert waiting.type == et.WAITING, "the drain workflow must suspend at its wait"
+        run = WorkflowRun.objects.get(run_id=template_id)
+        pending = WorkflowRunPending.objects.get(run_id=template_id)
+        run_ids = [template_id]
+        chunk = 2000
+        made = 1
+        while made < count:
+            size = min(chunk, count - made)
+            keys = [f"k-{uuid.uuid4().hex}" for _ in range(size)]
+            triggers = Event.objects.bulk_create(
+                [
+                    Event(
+                        tenant_id=self.tenant,
+                        aggregate_id=uuid.uuid4(),
+                        aggregate_type=SOURCE,
+                        version=1,
+                        type=DRAIN_TRIGGER,
+                        payload={"key": key, "wake_at": past},
+                    )
+                    for key in keys
+                ]
+            )
+            events, runs, rows = [], [], []
+            for key, trigger in zip(keys, triggers, strict=True):
+                run_id = run_id_for(DRAIN_WORKFLOW, key, self.tenant)
+                run_ids.append(run_id)
+                for template in (started, waiting):
+                    payload = {**template.payload, "trigger_event_id": trigger.id}
+                    if template is started:
+                        payload["idempotency_key"] = key
+                    events.append(
+                        Event(
+                            tenant_id=self.tenant,
+                            aggregate_id=run_id,
+                            aggregate_type=et.RUN_AGGREGATE_TYPE,
+                            version=template.version,
+                            type=template.type,
+                            payload=payload,
+                            created_by=template.created_by,
+                        )
+                    )
+                runs.append(
+                    _copy(run, run_id=run_id, idempotency_key=key, trigger_event_id=trigger.id)
+                )
+                rows.append(_copy(pending, id=None, run_id=run_id, trigger_event_id=trigger.id))
+            Event.objects.bulk_create(events)
+            WorkflowRun.objects.bulk_create(runs)
+            WorkflowRunPending.objects.bulk_create(rows)
+            made += size
+        if self.vendor == "postgresql":
+            self.execute("ANALYZE")
+        return run_ids
+
+    def verify_completed_once(self, run_ids: list[uuid.UUID]) -> None:
+        """Every run resumed exactly once and completed exactly once; nothing left pending."""
+        counts = {
+            (row["type"]): row["n"]
+            for row in Event.objects.filter(
+                tenant_id=self.tenant,
+                aggregate_type=et.RUN_AGGREGATE_TYPE,
+                type__in=[et.RESUMED, et.RUN_COMPLETED, et.RUN_FAILED],
+            )
+            .values("type")
+            .annotate(n=_count())
+        }
+        per_run = (
+            Event.objects.filter(tenant_id=self.tenant, type__in=[et.RESUMED, et.RUN_COMPLETED])
+            .values("aggregate_id", "type")
+            .annotate(n=_count())
+            .filter(n__gt=1)
+            .count()
+        )
+        completed = WorkflowRun.objects.filter(
+            tenant_id=self.tenant, run_id__in=run_ids, status=RunStatus.COMPLETED
+        ).count()
+        left = WorkflowRunPending.objects.filter(tenant_id=self.tenant).count()
+        want = len(run_ids)
+        problems = []
+        if counts.get(et.RESUMED, 0) != want or counts.get(et.RUN_COMPLETED, 0) != want:
+            problems.append(f"event counts {counts} for {want} runs")
+        if per_run:
+            problems.append(f"{per_run} streams resumed or completed more than once")
+        if completed != want:
+            problems.append(f"{completed} of {want} runs completed")
+        if left:
+            problems.append(f"{left} pending rows left")
+        if problems:
+            raise RuntimeError("drain verification failed: " + "; ".join(problems))
+
+    def copy_to_floor(self) -> tuple[str, str]:
+        """Scratch copies of the bench tenant's events and pending rows, for the SQL floor."""
+        events = self.scratch_like("floor_events", Event)
+        pending = self.scratch_like("floor_pending", WorkflowRunPending)
+        source_events = connection.ops.quote_name(Event._meta.db_table)
+        source_pending = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
+        self.execute(
+            f"INSERT INTO {events} SELECT * FROM {source_events} WHERE tenant_id = %s",  # noqa: S608
+            [self.tenant],
+        )
+        self.execute(
+            f"INSERT INTO {pending} SELECT * FROM {source_pending} WHERE tenant_id = %s",  # noqa: S608
+            [self.tenant],
+        )
+        if self.vendor == "postgresql":
+            self.execute(f"ANALYZE {events}")
+            self.execute(f"ANALYZE {pending}")
+        return events, pending
+
+    def drop_floor(self) -> None:
+        for name in ("floor_events", "floor_pending"):
+            self.execute(f"DROP TABLE IF EXISTS {self.table(name)}")
+
+    # -- scenarios ------------------------------------------------------------------
+
+    def scenario_append(self) -> None:
+        from kumiko_workflows.store import append_event
+
+        n = self.size("append")
+        scratch = self.scratch_like("append", Event)
+        columns = (
+            "tenant_id, aggregate_id, aggregate_type, version, type, event_version, "
+            "payload, metadata, created_by, created_at"
+        )
+        insert = f"INSERT INTO {scratch} ({columns}) VALUES (%s, %s, %s, 1, %s, 1, %s, %s, '', %s)"  # noqa: S608
+        payload = {"order_id": 1, "amount": "12.50", "currency": "EUR", "note": "bench"}
+        raw = _raw_connection()
+        if self.vendor == "sqlite":
+            insert = insert.replace("%s", "?")
+        engine_times, raw_times = [], []
+        per_round = max(1, n // self.rounds)
+        for _ in range(self.rounds):
+            started = time.perf_counter()
+            for _ in range(per_round):
+                append_event(uuid.uuid4(), SOURCE, APPEND_TYPE, payload, tenant_id=self.tenant)
+            engine_times.append(time.perf_counter() - started)
+            text = json.dumps(payload)
+            started = time.perf_counter()
+            cursor = raw.cursor()
+            for _ in range(per_round):
+                aggregate = uuid.uuid4()
+                cursor.execute(
+                    insert,
+                    (
+                        self.tenant,
+                        aggregate if self.vendor == "postgresql" else aggregate.hex,
+                        SOURCE,
+                        APPEND_TYPE,
+                        text,
+                        "{}",
+                        connection.ops.adapt_datetimefield_value(timezone.now()),
+                    ),
+                )
+            cursor.close()
+            raw_times.append(time.perf_counter() - started)
+        self._ratio_result("append", per_round, engine_times, raw_times, "raw INSERT", higher=True)
+
+    def scenario_start(self) -> None:
+        from kumiko_workflows.store import append_event
+
+        n = self.size("start")
+        future = (timezone.now() + timedelta(days=1)).isoformat()
+        started = time.perf_counter()
+        for _ in range(n):
+            append_event(
+                uuid.uuid4(),
+                SOURCE,
+                DRAIN_TRIGGER,
+                {"key": uuid.uuid4().hex, "wake_at": future},
+                tenant_id=self.tenant,
+            )
+        seconds = time.perf_counter() - started
+        waiting = WorkflowRun.objects.filter(
+            tenant_id=self.tenant, status=RunStatus.WAITING
+        ).count()
+        if waiting != n:
+            raise RuntimeError(f"start: {waiting} of {n} runs are waiting")
+        self.emit(Result("start", n, seconds, n / seconds))
+
+    def scenario_drain(self) -> None:
+        n = self.size("drain")
+        two = self.vendor == "postgresql"
+        if not two:
+            self.out(
+                "SKIPPED name=kumiko_drain_2 reason=SQLite allows one writer: two workers "
+                "need PostgreSQL"
+            )
+        one_times, floor_times, two_times, floor2_times = [], [], [], []
+        for _ in range(self.rounds):
+            for workers, engine_list, floor_list in (
+                (1, one_times, floor_times),
+                *(((2, two_times, floor2_times),) if two else ()),
+            ):
+                run_ids = self.seed_due_runs(n)
+                self.copy_to_floor()
+                procs = self.start_workers("drain", workers)
+                seconds, _ = self.go(procs)
+                self.verify_completed_once(run_ids)
+                engine_list.append(seconds)
+                procs = self.start_workers("floor", workers)
+                seconds, reports = self.go(procs)
+                done = sum(report["processed"] for report in reports)
+                if done != n:
+                    raise RuntimeError(f"the SQL floor resumed {done} of {n} runs")
+                floor_list.append(seconds)
+                self.drop_floor()
+                self.cleanup()
+        self._ratio_result("drain", n, one_times, floor_times, "SQL floor, 1 process")
+        if two:
+            self._ratio_result("drain_2", n, two_times, floor2_times, "SQL floor, 2 processes")
+            scaling = statistics.median(
+                one / two for one, two in zip(one_times, two_times, strict=True)
+            )
+            self.out(f"RATIO name=drain_2_vs_1 value={scaling:.3f}")
+            self.results.append(
+                Result(
+                    "drain_2_vs_1",
+                    n,
+                    statistics.median(two_times),
+                    n / statistics.median(two_times),
+                    scaling,
+                    "kumiko, 1 worker",
+                )
+            )
+
+    def scenario_scan(self) -> None:
+        not_due = self.size("scan")
+        table = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
+        now = timezone.now()
+        columns = (
+            "tenant_id, run_id, step, workflow_name, suspension_type, wake_at, retry_attempt, "
+            "definition_fingerprint, wait_event_type, awaits_key, run_version, state, suspended_at"
+        )
+        for count, offset in ((not_due, timedelta(days=30)), (SCAN_DUE_ROWS, -timedelta(days=1))):
+            wake_at = now + offset
+            if self.vendor == "postgresql":
+                self.execute(
+                    f"INSERT INTO {table} ({columns}) "  # noqa: S608
+                    "SELECT %s, gen_random_uuid(), '1', 'kumiko-bench-scan', 'wait', "
+                    "%s + (i * interval '1 millisecond'), 0, 'bench', '', '', 2, '{}', %s "
+                    "FROM generate_series(1, %s) AS i",
+                    [self.tenant, wake_at, now, count],
+                )
+            else:
+                wake_at, stamp = (
+                    connection.ops.adapt_datetimefield_value(v) for v in (wake_at, now)
+                )
+                self.execute(
+                    "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < %s) "  # noqa: S608
+                    f"INSERT INTO {table} ({columns}) "
+                    "SELECT %s, lower(hex(randomblob(16))), '1', 'kumiko-bench-scan', 'wait', "
+                    "%s, 0, 'bench', '', '', 2, '{}', %s FROM s",
+                    [count, self.tenant, wake_at, stamp],
+                )
+        if self.vendor == "postgresql":
+            self.execute(f"ANALYZE {table}")
+        query = (
+            WorkflowRunPending.objects.filter(tenant_id=self.tenant, wake_at__lte=now)
+            .order_by("wake_at", "id")
+            .select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
+        )
+        size = int(_setting("BATCH_SIZE"))
+        with transaction.atomic():
+            plan = query[:size].explain()
+        plan_line = " | ".join(line.strip() for line in plan.splitlines() if line.strip())
+        self.out(f"PLAN name=scan {plan_line}")
+        uses_index = "kw_pending_due" in plan
+        times = []
+        for _ in range(200):
+            started = time.perf_counter()
+            with transaction.atomic():
+                rows = list(query[:size])
+            times.append(time.perf_counter() - started)
+        if len(rows) != min(size, SCAN_DUE_ROWS):
+            raise RuntimeError(f"scan found {len(rows)} due rows, expected {SCAN_DUE_ROWS}")
+        ms = statistics.median(times) * 1000
+        self.emit(
+            Result(
+                "scan",
+                not_due,
+                statistics.median(times),
+                1 / statistics.median(times),
+                extra={"ms": ms, "p95_ms": _pct(times, 95) * 1000, "index": uses_index},
+                note=f"{ms:.3f} ms per scan, index {'used' if uses_index else 'NOT used'}",
+            )
+        )
+        self.out(f"SCAN ms={ms:.3f} index={'yes' if uses_index else 'no'}")
+        if not uses_index:
+            raise RuntimeError("the due query does not use the kw_pending_due index")
+
+    def scenario_wake(self) -> None:
+        from kumiko_workflows.store import append_event
+
+        if self.vendor != "postgresql":
+            self.skip("wake", "needs PostgreSQL (LISTEN/NOTIFY wakes --loop workers)")
+            return
+        trials = self.size("wake")
+        procs = self.start_workers("loop", 1)
+        latencies = []
+        try:
+            for _ in range(trials):
+                key = uuid.uuid4().hex
+                append_event(
+                    uuid.uuid4(), SOURCE, WAKE_TRIGGER, {"key": key}, tenant_id=self.tenant
+                )
+                run_id = run_id_for(WAKE_WORKFLOW, key, self.tenant)
+                time.sleep(0.05)  # let the worker go back to sleep
+                started = time.perf_counter()
+                append_event(uuid.uuid4(), SOURCE, WAKE_EVENT, {"key": key}, tenant_id=self.tenant)
+                while not WorkflowRun.objects.filter(
+                    run_id=run_id, status=RunStatus.COMPLETED
+                ).exists():
+                    if time.perf_counter() - started > 30:
+                        raise RuntimeError("wake: a woken run did not complete within 30 s")
+                    time.sleep(0.0005)
+                latencies.append(time.perf_counter() - started)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.communicate(timeout=30)
+        p50, p95 = _pct(latencies, 50), _pct(latencies, 95)
+        self.emit(
+            Result(
+                "wake",
+                trials,
+                sum(latencies),
+                trials / sum(latencies),
+                extra={"p50_ms": p50 * 1000, "p95_ms": p95 * 1000},
+                note=f"p50 {p50 * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms",
+            )
+        )
+        self.out(f"WAKE p50_ms={p50 * 1000:.1f} p95_ms={p95 * 1000:.1f}")
+
+    def scenario_memory(self) -> None:
+        sizes = MEMORY_SIZES if self.n is None else (self.n, self.n * 10)
+        peaks = []
+        for count in sizes:
+            run_ids = self.seed_due_runs(count)
+            procs = self.start_workers("drain", 1)
+            seconds, reports = self.go(procs)
+            self.verify_completed_once(run_ids)
+            peaks.append(reports[0]["hwm_kb"] / 1024)
+            self.out(f"MEMORY runs={count} peak_rss_mb={peaks[-1]:.1f} seconds={seconds:.1f}")
+            self.cleanup()
+        growth = peaks[-1] - peaks[0]
+        self.emit(
+            Result(
+                "memory",
+                sizes[-1],
+                seconds,
+                sizes[-1] / seconds,
+                extra={"peak_mb": peaks, "growth_mb": growth},
+                note=f"peak RSS {peaks[0]:.1f} -> {peaks[-1]:.1f} MB (+{growth:.1f} MB)",
+            )
+        )
+        self.out(f"MEMORY growth_mb={growth:.1f}")
+
+    def _ratio_result(
+        self,
+        name: str,
+        n: int,
+        engine: list[float],
+        baseline: list[float],
+        label: str,
+        higher: bool = True,
+    ) -> None:
+        # Ratio of throughputs, paired per round: engine rate / baseline rate.
+        ratio = statistics.median(b / e for e, b in zip(engine, baseline, strict=True))
+        seconds = statistics.median(engine)
+        base = statistics.median(baseline)
+        self.emit(
+            Result(
+                name,
+                n,
+                seconds,
+                n / seconds,
+                ratio,
+                label,
+                extra={"baseline_per_sec": n / base, "rounds": len(engine)},
+            )
+        )
+
+    # -- report -----------------------------------------------------------------------
+
+    def report_table(self) -> str:
+        rows = [("scenario", "n", "seconds", "per sec", "baseline per sec", "ratio", "note")]
+        for result in self.results:
+            if isinstance(result, Skipped):
+                rows.append((result.scenario, "-", "-", "-", "-", "-", f"skipped: {result.reason}"))
+                continue
+            base = result.extra.get("baseline_per_sec")
+            rows.append(
+                (
+                    result.scenario,
+                    str(result.n),
+                    f"{result.seconds:.3f}",
+                    f"{result.per_sec:,.0f}",
+                    f"{base:,.0f} ({result.baseline})" if base else "-",
+                    f"{result.ratio:.2f}" if result.ratio is not None else "-",
+                    result.note,
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = [
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "vendor": self.vendor,
+            "rounds": self.rounds,
+            "results": [result.__dict__ for result in self.results],
+        }
+
+
+# --- worker processes (``kumiko_bench --worker MODE``) --------------------------------
+
+
+def worker_main(mode: str, tenant: str, prefix: str, out: Callable[[str], None]) -> None:
+    connection.ensure_connection()
+    if mode == "loop":
+        from django.core.management import call_command
+
+        out("READY")
+        call_command(
+            "resume_due_runs",
+            "--loop",
+            "--no-cron",
+            "--tenant",
+            tenant,
+            "--interval",
+            "5",
+            verbosity=0,
+        )
+        return
+    out("READY")
+    if sys.stdin.readline().strip() != "GO":
+        return
+    started = time.perf_counter()
+    processed = _drain(tenant) if mode == "drain" else _floor(tenant, prefix)
+    seconds = time.perf_counter() - started
+    report = {"processed": processed, "seconds": seconds, "hwm_kb": _hwm_kb()}
+    out("DONE " + json.dumps(report))
+
+
+def _drain(tenant: str) -> int:
+    from kumiko_workflows.resume import resume_due_runs
+
+    processed = 0
+    while True:
+        report = resume_due_runs(tenant_id=tenant)
+        if report.errors:
+            raise RuntimeError(f"resume_due_runs reported errors: {report}")
+        if not report.processed:
+            return processed
+        processed += report.processed
+
+
+def _floor(tenant: str, prefix: str) -> int:
+    """The hand-written resume transaction, one run per transaction, on scratch tables."""
+    events = connection.ops.quote_name(f"{prefix}_floor_events")
+    pending = connection.ops.quote_name(f"{prefix}_floor_pending")
+    claim = (
+        f"SELECT id, run_id, run_version FROM {pending} "  # noqa: S608
+        "WHERE tenant_id = %s AND wake_at <= %s ORDER BY wake_at, id LIMIT 1"
+    )
+    load = (
+        f"SELECT id, version, type, payload FROM {events} WHERE aggregate_id = %s ORDER BY version"  # noqa: S608
+    )
+    insert = (
+        f"INSERT INTO {events} (tenant_id, aggregate_id, aggregate_type, version, type, "  # noqa: S608
+        "event_version, payload, metadata, created_by, created_at) "
+        "VALUES (%s, %s, 'workflow-run', %s, %s, 1, %s, '{}', 'kumiko_workflows', %s)"
+    )
+    delete = f"DELETE FROM {pending} WHERE id = %s"  # noqa: S608
+    raw = _raw_connection()
+    processed = 0
+    postgres = connection.vendor == "postgresql"
+    if postgres:
+        claim += " FOR UPDATE SKIP LOCKED"
+    else:
+        claim, load, insert, delete = (q.replace("%s", "?") for q in (claim, load, insert, delete))
+    while True:
+        now = timezone.now()
+        stamp = connection.ops.adapt_datetimefield_value(now)
+        cursor = raw.cursor()
+        if not postgres:
+            cursor.execute("BEGIN IMMEDIATE")
+        elif raw.autocommit:
+            raw.autocommit = False
+        cursor.execute(claim, (tenant, stamp))
+        row = cursor.fetchone()
+        if row is None:
+            raw.commit() if postgres else cursor.execute("COMMIT")
+            return processed
+        pk, run_id, version = row
+        cursor.execute(load, (run_id,))
+        stream = cursor.fetchall()
+        waiting = json.loads(stream[-1][3]) if isinstance(stream[-1][3], str) else stream[-1][3]
+        resumed = {"step": waiting["step"], "retry_attempt": 0, "suspension_type": "wait"}
+        completed = {"workflow_name": waiting["workflow_name"], "step_count": 3}
+        cursor.execute(
+            insert, (tenant, run_id, version + 1, et.RESUMED, json.dumps(resumed), stamp)
+        )
+        cursor.execute(
+            insert, (tenant, run_id, version + 2, et.RUN_COMPLETED, json.dumps(completed), stamp)
+        )
+        cursor.execute(delete, (pk,))
+        raw.commit() if postgres else cursor.execute("COMMIT")
+        cursor.close()
+        processed += 1
+
+
+# --- small helpers ----------------------------------------------------------------
+
+
+def _copy(instance: Any, **changes: Any) -> Any:
+    values = {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
+    values.update(changes)
+    return type(instance)(**values)
+
+
+def _count() -> Any:
+    from django.db.models import Count
+
+    return Count("id")
+
+
+def _setting(name: str) -> Any:
+    from kumiko_workflows.conf import workflow_settings
+
+    return getattr(workflow_settings, name)
+
+
+def _pct(values: list[float], pct: int) -> float:
+    ordered = sorted(values)
+    index = max(0, min(len(ordered) - 1, round(pct / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def _hwm_kb() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def _raw_connection() -> Any:
+    """The driver connection under Django's (psycopg or sqlite3), for the raw baselines."""
+    connection.ensure_connection()
+    return connection.connection
+
+
+def worker_environment() -> tuple[list[str], dict[str, str]]:
+    """How to start this command again in a child process, on the same database."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
+    root = Path(sys.modules[settings.SETTINGS_MODULE.split(".")[0]].__file__ or ".").parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    env["KUMIKO_BENCH_DB_NAME"] = str(connection.settings_dict["NAME"])
+    env["PYTHONUNBUFFERED"] = "1"
+    return [sys.executable, "-m", "django", "kumiko_bench"], env

@@ -1,0 +1,99 @@
+"""``manage.py kumiko_bench``: the engine's throughput and latency beside its floors.
+
+Scenarios live in :mod:`kumiko_workflows.bench`. Each prints
+``RESULT name=kumiko_<scenario> n=<N> seconds=<S> per_sec=<R>`` and, where it
+has a baseline measured in the same run, ``RATIO name=<scenario> value=<x>``;
+a table for people follows. ``--worker`` is internal: the command starts
+itself again as its worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+
+from kumiko_workflows.management.commands.resume_due_runs import positive_int
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark the event store and the resume loop against hand-written SQL on scratch "
+        "tables, in a scratch tenant (removed afterwards). Use PostgreSQL for real figures."
+    )
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        from kumiko_workflows.bench import DEFAULT_N, SCENARIOS
+
+        parser.add_argument(
+            "--scenario",
+            action="append",
+            choices=SCENARIOS,
+            dest="scenarios",
+            metavar="NAME",
+            help=f"Run only this scenario (repeat for several): {', '.join(SCENARIOS)}. "
+            "Default: all.",
+        )
+        parser.add_argument(
+            "--n",
+            type=positive_int,
+            metavar="N",
+            help="Size of every scenario (memory drains N then 10*N runs). Default per "
+            f"scenario: {DEFAULT_N}, memory 5000 then 50000.",
+        )
+        parser.add_argument(
+            "--rounds",
+            type=positive_int,
+            default=3,
+            metavar="R",
+            help="Rounds of engine and baseline, interleaved; ratios are medians "
+            "(default: %(default)s).",
+        )
+        parser.add_argument("--json", metavar="PATH", help="Also write the results as JSON.")
+        parser.add_argument("--worker", help="internal: run as a worker process")
+        parser.add_argument("--tenant", help="internal: the bench tenant of a worker")
+        parser.add_argument("--prefix", help="internal: the scratch table prefix of a worker")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["worker"]:
+            name = os.environ.get("KUMIKO_BENCH_DB_NAME")
+            if name:
+                connection.settings_dict["NAME"] = name
+            from kumiko_workflows.bench import worker_main
+
+            def out(line: str) -> None:
+                self.stdout.write(line)
+                self.stdout.flush()
+
+            worker_main(options["worker"], options["tenant"], options["prefix"], out)
+            return
+
+        from kumiko_workflows.bench import SCENARIOS, Bench, worker_environment
+
+        command, env = worker_environment()
+        bench = Bench(
+            n=options["n"],
+            rounds=options["rounds"],
+            out=self.stdout.write,
+            worker_command=command,
+            worker_env=env,
+        )
+        scenarios = options["scenarios"] or list(SCENARIOS)
+        self.stdout.write(
+            f"kumiko_bench: {connection.vendor} {connection.settings_dict['NAME']} "
+            f"tenant={bench.tenant} scenarios={','.join(scenarios)} rounds={bench.rounds}"
+        )
+        try:
+            bench.run(scenarios)
+        except Exception as exc:
+            raise CommandError(f"kumiko_bench failed: {exc}") from exc
+        finally:
+            self.stdout.write("")
+            self.stdout.write(bench.report_table())
+            if options["json"]:
+                with open(options["json"], "w") as handle:
+                    json.dump(bench.as_json(), handle, indent=2, default=str)
