@@ -25,7 +25,7 @@ MAX_BYTES = 64 * 1024
 
 
 def _fail(where: str, message: str) -> InvalidMatchExpression:
-    return InvalidMatchExpression(f"match expression {where}: {message}")
+    return InvalidMatchExpression(f"match expression{' ' + where if where else ''}: {message}")
 
 
 def _is_json_scalar(value: Any) -> bool:
@@ -42,18 +42,20 @@ def validate(expression: Any) -> dict[str, Any]:
     extra = set(expression) - {"version", "expr"}
     if extra:
         raise _fail("", f"unknown keys {sorted(map(str, extra))}; expected 'version' and 'expr'")
-    if expression.get("version") != 1 or isinstance(expression.get("version"), bool):
-        raise _fail("['version']", f"must be 1, got {expression.get('version')!r}")
+    version = expression.get("version")
+    if type(version) is not int or version != 1:
+        raise _fail("['version']", f"must be 1, got {version!r}")
     if "expr" not in expression:
         raise _fail("", "has no 'expr'")
+    # The walk bounds depth and node count before anything recurses freely.
+    count = [0]
+    _validate_node(expression["expr"], "['expr']", 1, count)
     try:
-        size = len(json.dumps(expression))
+        size = len(json.dumps(expression, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise _fail("", f"is not JSON-serialisable ({exc})") from None
     if size > MAX_BYTES:
         raise _fail("", f"is {size} bytes, over the limit of {MAX_BYTES}")
-    count = [0]
-    _validate_node(expression["expr"], "['expr']", 1, count)
     return expression
 
 
@@ -91,6 +93,8 @@ def _validate_node(node: Any, where: str, depth: int, count: list[int]) -> None:
     if not isinstance(op, dict):
         raise _fail(f"{where}['op']", "must be a dict with a 'kind'")
     op_kind = op.get("kind")
+    if not isinstance(op_kind, str):
+        op_kind = repr(op_kind)  # unhashable kinds must not reach the set lookup
     if op_kind in COMPARE_OPS:
         if set(op) != {"kind", "value"}:
             raise _fail(f"{where}['op']", f"an {op_kind!r} op takes exactly 'kind' and 'value'")
