@@ -8,7 +8,7 @@ months are refused: they have no fixed length.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -83,6 +83,8 @@ def parse_instant(text: str) -> datetime:
 def as_delay(value: Any) -> timedelta:
     """A non-negative delay from an ISO duration, a timedelta or seconds."""
     if isinstance(value, timedelta):
+        if abs(value) > _MAX_DURATION:
+            raise InvalidDuration(f"{_short(value)} is longer than 1000 years")
         delay = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
         if value != value or value in (float("inf"), float("-inf")):
@@ -102,7 +104,7 @@ def as_delay(value: Any) -> timedelta:
 
 
 def wake_time(value: Any, now: datetime) -> datetime:
-    """When a wait of ``value`` that starts at ``now`` ends; never before ``now``.
+    """When a wait of ``value`` that starts at ``now`` ends, in UTC; never before ``now``.
 
     An instant in the past means due now.
     """
@@ -110,13 +112,19 @@ def wake_time(value: Any, now: datetime) -> datetime:
         if value.tzinfo is None or value.utcoffset() is None:
             raise InvalidDuration(f"{value.isoformat()} is a naive datetime; give it a time zone")
         instant = value
-    elif isinstance(value, str) and value.strip().upper().lstrip("-").startswith("P"):
-        instant = now + parse_duration(value)
-    elif isinstance(value, str):
+    elif isinstance(value, str) and not value.strip().upper().lstrip("-").startswith("P"):
         instant = parse_instant(value)
     else:
-        instant = now + as_delay(value)
-    return max(instant, now)
+        delay = parse_duration(value) if isinstance(value, str) else as_delay(value)
+        try:
+            instant = now + delay
+        except OverflowError:
+            raise InvalidDuration(f"{_short(value)} from now is out of range") from None
+    try:
+        # In UTC, so an instant at the calendar's edge fails here, not when stored.
+        return max(instant, now).astimezone(UTC)
+    except OverflowError:
+        raise InvalidDuration(f"{_short(value)} is out of range") from None
 
 
 def check_static(value: Any) -> None:
