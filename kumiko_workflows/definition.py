@@ -268,8 +268,16 @@ def _check_time(add: Callable[..., None], where: str, arg: str, value: Any, requ
 # --- definitions ----------------------------------------------------------
 
 
+def _unhashable(value: Any) -> dict[str, str]:
+    # A static argument JSON cannot hold (validation reports it if it matters)
+    # is fingerprinted by its type: stable across processes, unlike repr().
+    return {"unserialisable": callable_name(type(value))}
+
+
 def _hash(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    text = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=_unhashable
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
