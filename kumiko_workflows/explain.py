@@ -1,0 +1,234 @@
+"""Plain-words explanations of a workflow run, for the admin and the commands.
+
+What a run waits for and since when, why it failed, and its event timeline,
+read from its run-status row, its pending row and its event stream.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows import matching
+from kumiko_workflows.definition import registry
+from kumiko_workflows.models import (
+    Event,
+    RunStatus,
+    SuspensionType,
+    WorkflowRun,
+    WorkflowRunPending,
+)
+
+#: Payload keys a timeline leaves out: bulky or shown in a column of their own.
+_TIMELINE_HIDDEN = frozenset(
+    {"workflow_name", "definition_fingerprint", "step_fingerprints", "state", "step", "by"}
+)
+
+
+def humanize(delta: timedelta) -> str:
+    """``timedelta(seconds=192)`` -> ``"3 min 12 s"`` (two units at most)."""
+    seconds = int(abs(delta.total_seconds()))
+    units = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+    parts: list[str] = []
+    for name, size in units:
+        if seconds >= size or (name == "s" and not parts):
+            parts.append(f"{seconds // size} {name}")
+            seconds %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
+def step_label(workflow_name: str, step: str) -> str:
+    """``"2.else.0"`` -> ``"step 2.else.0 (retry)"`` when the workflow is registered."""
+    if not step:
+        return ""
+    workflow = registry.get(workflow_name)
+    return workflow.label(step) if workflow is not None else f"step {step}"
+
+
+def short_json(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, indent=2, default=str)
+
+
+def short_payload(payload: dict[str, Any], limit: int = 120) -> str:
+    parts = []
+    for key, value in sorted(payload.items()):
+        if key in _TIMELINE_HIDDEN or value in (None, "", {}, []):
+            continue
+        shown = value if isinstance(value, str) else short_json(value, 60)
+        parts.append(f"{key}={shown}")
+    text = " ".join(parts)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class TimelineEntry:
+    event_id: int
+    version: int
+    created_at: datetime
+    type: str
+    step: str
+    summary: str
+    by: str
+
+
+def timeline(run: WorkflowRun) -> list[TimelineEntry]:
+    """The run's events, oldest first, each with its step and a short payload."""
+    entries = []
+    for event in Event.objects.filter(aggregate_id=run.run_id).order_by("version"):
+        payload = event.payload or {}
+        step = payload.get("step") or ""
+        entries.append(
+            TimelineEntry(
+                event_id=event.id,
+                version=event.version,
+                created_at=event.created_at,
+                type=event.type,
+                step=step_label(run.workflow_name, step) if step else "",
+                summary=short_payload(payload),
+                by=payload.get("by") or "",
+            )
+        )
+    return entries
+
+
+@dataclass
+class Explanation:
+    """Why a run is where it is: a headline, facts as (label, text), raw error text."""
+
+    headline: str
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    error_text: str = ""
+    due: bool = False
+    late_by: timedelta | None = None
+
+
+def pending_row(run: WorkflowRun) -> WorkflowRunPending | None:
+    return (
+        WorkflowRunPending.objects.filter(tenant_id=run.tenant_id, run_id=run.run_id)
+        .order_by("-run_version")
+        .first()
+    )
+
+
+def _latest(run: WorkflowRun, type: str) -> Event | None:
+    return Event.objects.filter(aggregate_id=run.run_id, type=type).order_by("-version").first()
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(sep=" ", timespec="seconds") if value else "—"
+
+
+def explain(run: WorkflowRun, now: datetime) -> Explanation:
+    if run.status == RunStatus.WAITING:
+        return _explain_waiting(run, now)
+    if run.status == RunStatus.FAILED:
+        return _explain_failed(run)
+    if run.status == RunStatus.CANCELLED:
+        cancelled = _latest(run, et.RUN_CANCELLED)
+        payload = cancelled.payload if cancelled else {}
+        facts = [("Cancelled at", _when(run.finished_at))]
+        facts.append(("Reason", payload.get("reason") or "—"))
+        facts.append(("By", payload.get("by") or "—"))
+        return Explanation("Cancelled: it will not run again.", facts)
+    if run.status == RunStatus.COMPLETED:
+        took = humanize(run.finished_at - run.started_at) if run.finished_at else "—"
+        return Explanation(
+            "Completed: every step ran.",
+            [("Finished at", _when(run.finished_at)), ("Took", took)],
+        )
+    return Explanation(
+        "Running: a worker is executing its steps right now, or was interrupted in the "
+        "middle of them (its transaction then rolled back and the run is as it was).",
+        [("Since", _when(run.updated_at)), ("Step", step_label(run.workflow_name, run.step))],
+    )
+
+
+def _explain_failed(run: WorkflowRun) -> Explanation:
+    facts = [
+        ("Reason", run.failure_reason or "—"),
+        ("Failed step", step_label(run.workflow_name, run.step) or "(before the first step)"),
+        ("Error class", run.error_class or "—"),
+        ("Failed at", _when(run.finished_at)),
+    ]
+    workflow = registry.get(run.workflow_name)
+    if workflow is None:
+        facts.append(("Retry", f"not possible: workflow {run.workflow_name!r} is not registered"))
+    elif workflow.fingerprint != run.definition_fingerprint:
+        facts.append(("Retry", "not possible: the workflow's definition changed since it started"))
+    else:
+        facts.append(("Retry", "possible: it re-enters the step where the failed attempt began"))
+    return Explanation("Failed.", facts, error_text=run.last_error)
+
+
+def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
+    row = pending_row(run)
+    if row is None:
+        return Explanation(
+            "Waiting, but it has no pending row, so no worker will resume it. "
+            "Run `manage.py rebuild_workflow_projections --check` to compare the tables "
+            "with the event store."
+        )
+    kind = row.get_suspension_type_display()
+    facts = [
+        ("Suspended", f"{kind} at {step_label(run.workflow_name, row.step)}"),
+        ("Since", _when(row.suspended_at)),
+    ]
+    if row.suspension_type == SuspensionType.EVENT:
+        try:
+            words = matching.describe(row.match_expr)
+        except (KeyError, TypeError):
+            words = f"(unreadable match expression {short_json(row.match_expr)})"
+        facts.append(("Waiting for", f"a {row.wait_event_type!r} event where {words}"))
+        facts.append(
+            (
+                "Deadline",
+                _when(row.timeout_at)
+                if row.timeout_at
+                else "none: only the event, a wake or a cancel ends the wait",
+            )
+        )
+        if row.awaited_event_id is not None:
+            facts.append(
+                ("Awaited event", f"#{row.awaited_event_id} arrived at {_when(row.due_since)}")
+            )
+    elif row.suspension_type == SuspensionType.WAIT:
+        facts.append(("Wakes at", _when(row.wake_at)))
+    elif row.suspension_type == SuspensionType.RETRY:
+        scheduled = _latest(run, et.RETRY_SCHEDULED)
+        most = (scheduled.payload.get("max_attempts") if scheduled else None) or "?"
+        error = run.error_class or "an error"
+        facts.append(
+            (
+                "Retry",
+                f"attempt {row.retry_attempt} of {most} failed with {error}; "
+                f"attempt {row.retry_attempt + 1} at {_when(row.wake_at)}",
+            )
+        )
+    else:
+        facts.append(("Rerun", f"requested at {_when(row.due_since)}"))
+
+    due = row.wake_at is not None and row.wake_at <= now
+    late_by = now - row.wake_at if due and row.wake_at else None
+    if due and late_by is not None:
+        facts.append(("Due", f"yes, for {humanize(late_by)} (since {_when(row.wake_at)})"))
+        headline = (
+            f"Due for {humanize(late_by)}: the next `resume_due_runs` pass resumes it. "
+            "If it stays due, check that a worker (or the cron job) is running."
+        )
+    elif row.wake_at is not None:
+        facts.append(("Due", f"no, in {humanize(row.wake_at - now)}"))
+        headline = f"Waiting ({kind}) until {_when(row.wake_at)}."
+    else:
+        facts.append(("Due", "no: not until the awaited event arrives"))
+        headline = f"Waiting for a {row.wait_event_type!r} event, with no deadline."
+    return Explanation(headline, facts, due=due, late_by=late_by)

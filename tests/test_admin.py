@@ -1,0 +1,412 @@
+"""The admin with Django's test client: pages, permissions, actions, tenant scoping."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+from django.utils import timezone
+
+from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
+from kumiko_workflows import event_types as et
+from kumiko_workflows.definition import registry
+from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
+from tests.conftest import trigger, types_of
+from tests.testapp import workflows as w
+
+pytestmark = pytest.mark.django_db
+
+RUNS = "admin:kumiko_workflows_workflowrun_changelist"
+EVENTS = "admin:kumiko_workflows_event_changelist"
+PENDING = "admin:kumiko_workflows_workflowrunpending_changelist"
+VIEW_PERMS = ("view_event", "view_workflowrun", "view_workflowrunpending")
+
+
+def tenant_of_user(request):
+    """The test suite's ADMIN_TENANT: a staff user's first name is their tenant."""
+    return request.user.first_name or None
+
+
+def start(type_, tenant="default", **payload):
+    event = trigger(type_, tenant_id=tenant, **payload)
+    name = {
+        "t.wait": "t-wait",
+        "t.signed-up": "t-event",
+        "t.fail": "t-fail",
+        "t.retry": "t-retry",
+    }[type_]
+    return WorkflowRun.objects.get(run_id=run_id_for(name, event.payload["run_key"], tenant))
+
+
+def change_url(run):
+    return reverse("admin:kumiko_workflows_workflowrun_change", args=[run.pk])
+
+
+def post_action(client, action, *runs, **extra):
+    data = {"action": action, "_selected_action": [str(run.pk) for run in runs], **extra}
+    return client.post(reverse(RUNS), data)
+
+
+def messages_of(response):
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def make_user(django_user_model, name, *perms, staff=True, tenant=""):
+    user = django_user_model.objects.create_user(
+        name, f"{name}@example.com", "pw", is_staff=staff, first_name=tenant
+    )
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="kumiko_workflows", codename__in=perms)
+    )
+    return user
+
+
+@pytest.fixture
+def root(client, django_user_model):
+    user = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(user)
+    return user
+
+
+@pytest.fixture
+def future_iso():
+    return (timezone.now() + timedelta(hours=1)).isoformat()
+
+
+# --- pages ----------------------------------------------------------------------
+
+
+def test_every_page_renders_for_a_superuser(client, root, future_iso):
+    waiting = start("t.wait", **{"for": future_iso})
+    awaiting = start("t.signed-up", user_id="u-42", timeout="P2D")
+    retrying = start("t.retry", fail_attempts=5)
+    failed = start("t.fail")
+    done = start("t.wait", **{"for": "PT0S"})
+    resume_due_runs(now=timezone.now() + timedelta(seconds=1))
+    cancelled = start("t.wait", **{"for": future_iso})
+    post_action(client, "cancel_runs", cancelled, kw_confirm="yes", reason="test")
+    pending = WorkflowRunPending.objects.get(run_id=awaiting.run_id)
+    an_event = Event.objects.filter(aggregate_id=waiting.run_id).first()
+
+    pages = [
+        reverse("admin:index"),
+        reverse("admin:app_list", args=["kumiko_workflows"]),
+        reverse(EVENTS),
+        reverse(EVENTS) + "?type__exact=t.wait&tenant_id__exact=default",
+        reverse(EVENTS) + f"?q={waiting.run_id}",
+        reverse("admin:kumiko_workflows_event_change", args=[an_event.pk]),
+        reverse(RUNS),
+        reverse(RUNS) + "?status__exact=waiting&workflow_name__exact=t-wait",
+        reverse(RUNS) + f"?q={waiting.idempotency_key}",
+        reverse(PENDING),
+        reverse(PENDING) + "?suspension_type__exact=event",
+        reverse("admin:kumiko_workflows_workflowrunpending_change", args=[pending.pk]),
+    ] + [change_url(run) for run in (waiting, awaiting, retrying, failed, done, cancelled)]
+    for url in pages:
+        response = client.get(url)
+        assert response.status_code == 200, url
+
+    page = client.get(change_url(awaiting)).content.decode()
+    assert "Why is this run waiting?" in page
+    assert "t.verified" in page and "user_id = &quot;u-42&quot;" in page
+    assert "Deadline" in page and "Due</th><td>no, in 1 d 23 h" in page
+    assert "Wake now" in page and "Cancel…" in page
+    assert et.WAITING_FOR_EVENT in page  # the timeline
+
+    page = client.get(change_url(retrying)).content.decode()
+    assert "attempt 1 of 3 failed with FlakyError" in page
+
+    page = client.get(change_url(failed)).content.decode()
+    assert "Why did this run fail?" in page
+    assert "step_failed" in page and "RuntimeError" in page
+    assert "database password is hunter2" in page  # last_error, shown to staff only
+    assert 'id="kw-retry_failed"' in page and "Wake now" not in page
+
+    page = client.get(change_url(cancelled)).content.decode()
+    assert "Cancelled: it will not run again." in page and "admin:root" in page
+    assert 'class="kw-actions"' not in page
+
+    listing = client.get(reverse(PENDING)).content.decode()
+    assert 't.verified where user_id = "u-42"' in listing.replace("&quot;", '"')
+
+
+def test_search_finds_runs_by_id_and_key_and_events_by_aggregate(client, root, future_iso):
+    one = start("t.wait", **{"for": future_iso})
+    other = start("t.wait", **{"for": future_iso})
+
+    runs = client.get(reverse(RUNS), {"q": str(one.run_id)}).context["cl"].result_list
+    assert [run.pk for run in runs] == [one.pk]
+    runs = client.get(reverse(RUNS), {"q": other.idempotency_key}).context["cl"].result_list
+    assert [run.pk for run in runs] == [other.pk]
+    events = client.get(reverse(EVENTS), {"q": str(one.run_id)}).context["cl"].result_list
+    assert {event.aggregate_id for event in events} == {one.run_id}
+    assert [e.id for e in events] == sorted((e.id for e in events), reverse=True)
+
+
+def test_event_page_shows_the_payload_as_pretty_json(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+    started = Event.objects.get(aggregate_id=run.run_id, version=1)
+
+    page = client.get(reverse("admin:kumiko_workflows_event_change", args=[started.pk]))
+
+    text = page.content.decode()
+    pretty = json.dumps(started.payload, indent=2, sort_keys=True).replace('"', "&quot;")
+    assert f"<pre>{pretty}</pre>" in text
+    assert change_url(run) in text
+
+
+def test_nothing_is_editable_through_the_admin(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+    started = Event.objects.get(aggregate_id=run.run_id, version=1)
+    pending = WorkflowRunPending.objects.get(run_id=run.run_id)
+
+    for model in ("event", "workflowrun", "workflowrunpending"):
+        assert client.get(reverse(f"admin:kumiko_workflows_{model}_add")).status_code == 403
+    for model, pk in (("event", started.pk), ("workflowrun", run.pk), ("workflowrunpending", 1)):
+        pk = pending.pk if model == "workflowrunpending" else pk
+        url = reverse(f"admin:kumiko_workflows_{model}_delete", args=[pk])
+        assert client.post(url, {"post": "yes"}).status_code == 403
+    client.post(change_url(run), {"status": "completed", "tenant_id": "other"})
+    client.post(reverse("admin:kumiko_workflows_event_change", args=[started.pk]), {"type": "x"})
+
+    assert WorkflowRun.objects.get(pk=run.pk).status == "waiting"
+    assert Event.objects.get(pk=started.pk).type == et.RUN_STARTED
+    assert client.get(reverse(EVENTS)).context["action_form"] is None  # no delete_selected
+
+
+def test_a_non_staff_user_is_refused(client, django_user_model, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+    user = make_user(django_user_model, "pat", *VIEW_PERMS, "wake_workflowrun", staff=False)
+    client.force_login(user)
+
+    for url in (reverse(RUNS), reverse(EVENTS), reverse(PENDING), change_url(run)):
+        response = client.get(url)
+        assert response.status_code == 302 and "/admin/login/" in response["Location"], url
+    post_action(client, "wake_now", run)
+
+    assert types_of(run.run_id) == [et.RUN_STARTED, et.WAITING]
+
+
+# --- actions ----------------------------------------------------------------------
+
+
+def test_wake_now_appends_a_wake_request_and_the_worker_resumes_the_run(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+    finished = start("t.wait", **{"for": "PT0S"})
+    resume_due_runs(now=timezone.now() + timedelta(seconds=1))
+
+    response = post_action(client, "wake_now", run, finished)
+
+    assert response.status_code == 302
+    texts = messages_of(client.get(response["Location"]))
+    assert "Woke 1 run: the next worker pass resumes them." in texts
+    assert "Skipped 1 run: not waiting." in texts
+    wake = Event.objects.get(aggregate_id=run.run_id, type=et.WAKE_REQUESTED)
+    assert wake.payload["by"] == "admin:root"
+    assert types_of(finished.run_id)[-1] == et.RUN_COMPLETED
+
+    assert resume_due_runs().completed == 1
+    assert WorkflowRun.objects.get(pk=run.pk).status == "completed"
+
+
+def test_a_button_on_the_run_page_returns_to_the_run_page(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+
+    response = post_action(client, "wake_now", run, _kw_return="1")
+
+    assert response.status_code == 302 and response["Location"] == change_url(run)
+    page = client.get(response["Location"])
+    assert "Woke 1 run: the next worker pass resumes them." in messages_of(page)
+    assert "Due</th><td>yes, for" in page.content.decode()
+
+
+def test_cancel_asks_for_a_reason_before_cancelling(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+
+    ask = post_action(client, "cancel_runs", run)
+    assert ask.status_code == 200 and "Reason (kept in each run" in ask.content.decode()
+    assert str(run.run_id) in ask.content.decode()
+    blank = post_action(client, "cancel_runs", run, kw_confirm="yes", reason="  ")
+    assert blank.status_code == 200 and "Give a reason." in blank.content.decode()
+    assert WorkflowRun.objects.get(pk=run.pk).status == "waiting"
+
+    done = post_action(client, "cancel_runs", run, kw_confirm="yes", reason="customer left")
+
+    assert done.status_code == 302
+    assert "Cancelled 1 run." in messages_of(client.get(done["Location"]))
+    assert WorkflowRun.objects.get(pk=run.pk).status == "cancelled"
+    cancelled = Event.objects.get(aggregate_id=run.run_id, type=et.RUN_CANCELLED)
+    assert cancelled.payload["reason"] == "customer left"
+    assert cancelled.payload["by"] == "admin:root"
+    assert not WorkflowRunPending.objects.filter(run_id=run.run_id).exists()
+
+
+def test_cancel_skips_finished_runs(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+    failed = start("t.fail")
+
+    response = post_action(client, "cancel_runs", run, failed, kw_confirm="yes", reason="x")
+
+    texts = messages_of(client.get(response["Location"]))
+    assert texts == ["Cancelled 1 run.", "Skipped 1 run: already finished."]
+    assert types_of(failed.run_id)[-1] == et.RUN_FAILED
+
+
+def test_retry_reenters_the_failed_step(client, root):
+    failed = start("t.fail")
+    assert WorkflowRun.objects.get(pk=failed.pk).status == "failed"
+
+    response = post_action(client, "retry_failed", failed)
+
+    assert "Retried 1 run: the next worker pass re-enters the failed step." in messages_of(
+        client.get(response["Location"])
+    )
+    rerun = Event.objects.get(aggregate_id=failed.run_id, type=et.RERUN_REQUESTED)
+    assert rerun.payload["step"] == "0" and rerun.payload["by"] == "admin:root"
+    assert WorkflowRun.objects.get(pk=failed.pk).status == "waiting"
+    resume_due_runs()
+    # t-fail's step always raises: the worker re-entered it, and it failed again.
+    assert types_of(failed.run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.RUN_FAILED]
+
+
+def test_retry_is_refused_when_the_definition_changed(client, root):
+    failed = start("t.fail")
+    changed = define_workflow(
+        name="t-fail",
+        trigger=on_event("t.fail"),
+        idempotency_key=w.run_key,
+        steps=[steps.compute("boom", w.record("renamed"))],
+        register=False,
+    )
+
+    with registry.override(changed):
+        page = client.get(change_url(failed)).content.decode()
+        response = post_action(client, "retry_failed", failed)
+
+    assert "not possible: the workflow&#x27;s definition changed" in page
+    texts = messages_of(client.get(response["Location"]))
+    assert len(texts) == 1 and texts[0].startswith("Refused 1 run: ")
+    assert "changed since it started" in texts[0]
+    assert types_of(failed.run_id)[-1] == et.RUN_FAILED
+
+
+# --- permissions ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("action", "missing"),
+    [
+        ("wake_now", "wake_workflowrun"),
+        ("cancel_runs", "cancel_workflowrun"),
+        ("retry_failed", "retry_workflowrun"),
+    ],
+)
+def test_staff_without_the_action_permission_cannot_run_it(
+    client, django_user_model, future_iso, action, missing
+):
+    others = {"wake_workflowrun", "cancel_workflowrun", "retry_workflowrun"} - {missing}
+    user = make_user(django_user_model, "sam", *VIEW_PERMS, *others)
+    client.force_login(user)
+    run = start("t.fail") if action == "retry_failed" else start("t.wait", **{"for": future_iso})
+    before = types_of(run.run_id)
+
+    page = client.get(change_url(run))
+    response = post_action(client, action, run, kw_confirm="yes", reason="no")
+
+    assert page.status_code == 200
+    assert f'id="kw-{action}"' not in page.content.decode()
+    assert response.status_code == 302
+    assert types_of(run.run_id) == before
+    listing = client.get(reverse(RUNS))
+    choices = [name for name, _ in listing.context["action_form"].fields["action"].choices]
+    assert action not in choices and len(choices) == 3  # "---------" and the two others
+
+
+def test_staff_with_the_permission_can_run_it(client, django_user_model, future_iso):
+    user = make_user(django_user_model, "kim", *VIEW_PERMS, "wake_workflowrun")
+    client.force_login(user)
+    run = start("t.wait", **{"for": future_iso})
+
+    assert 'id="kw-wake_now"' in client.get(change_url(run)).content.decode()
+    post_action(client, "wake_now", run)
+
+    assert types_of(run.run_id)[-1] == et.WAKE_REQUESTED
+
+
+# --- tenant scoping ----------------------------------------------------------------
+
+
+@pytest.fixture
+def scoped(settings):
+    settings.KUMIKO_WORKFLOWS = {
+        "DEFAULT_TENANT": "default",
+        "ADMIN_TENANT": "tests.test_admin.tenant_of_user",
+    }
+
+
+def test_tenant_scoped_staff_see_only_their_tenant(client, django_user_model, scoped, future_iso):
+    mine = start("t.wait", tenant="acme", **{"for": future_iso})
+    theirs = start("t.wait", tenant="globex", **{"for": future_iso})
+    user = make_user(django_user_model, "alice", *VIEW_PERMS, tenant="acme")
+    client.force_login(user)
+
+    runs = client.get(reverse(RUNS)).context["cl"].result_list
+    assert [run.pk for run in runs] == [mine.pk]
+    events = client.get(reverse(EVENTS)).context["cl"].result_list
+    assert {event.tenant_id for event in events} == {"acme"}
+    pending = client.get(reverse(PENDING)).context["cl"].result_list
+    assert [row.run_id for row in pending] == [mine.run_id]
+    listing = client.get(reverse(RUNS)).content.decode()
+    assert "globex" not in listing
+    # Edited URLs: another tenant's run, event and pending row do not exist for alice.
+    their_event = Event.objects.filter(tenant_id="globex").first()
+    their_row = WorkflowRunPending.objects.get(run_id=theirs.run_id)
+    for url in (
+        change_url(theirs),
+        reverse("admin:kumiko_workflows_event_change", args=[their_event.pk]),
+        reverse("admin:kumiko_workflows_workflowrunpending_change", args=[their_row.pk]),
+    ):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"] == reverse("admin:index")
+    assert client.get(change_url(mine)).status_code == 200
+
+
+def test_tenant_scoped_staff_act_only_on_their_tenant(
+    client, django_user_model, scoped, future_iso
+):
+    mine = start("t.wait", tenant="acme", **{"for": future_iso})
+    theirs = start("t.wait", tenant="globex", **{"for": future_iso})
+    failed = start("t.fail", tenant="globex")
+    perms = ("wake_workflowrun", "cancel_workflowrun", "retry_workflowrun")
+    client.force_login(make_user(django_user_model, "alice", *VIEW_PERMS, *perms, tenant="acme"))
+
+    post_action(client, "wake_now", mine, theirs)
+    post_action(client, "cancel_runs", theirs, kw_confirm="yes", reason="not mine")
+    post_action(client, "retry_failed", failed)
+    post_action(client, "wake_now", theirs, _kw_return="1")
+
+    assert types_of(mine.run_id)[-1] == et.WAKE_REQUESTED
+    assert types_of(theirs.run_id) == [et.RUN_STARTED, et.WAITING]
+    assert types_of(failed.run_id)[-1] == et.RUN_FAILED
+
+
+def test_superusers_see_every_tenant_even_when_scoping_is_on(client, root, scoped, future_iso):
+    a = start("t.wait", tenant="acme", **{"for": future_iso})
+    b = start("t.wait", tenant="globex", **{"for": future_iso})
+
+    runs = client.get(reverse(RUNS)).context["cl"].result_list
+
+    assert {run.pk for run in runs} == {a.pk, b.pk}
+
+
+def test_staff_the_callable_does_not_limit_see_all(client, django_user_model, scoped, future_iso):
+    a = start("t.wait", tenant="acme", **{"for": future_iso})
+    b = start("t.wait", tenant="globex", **{"for": future_iso})
+    client.force_login(make_user(django_user_model, "ops", *VIEW_PERMS))
+
+    runs = client.get(reverse(RUNS)).context["cl"].result_list
+
+    assert {run.pk for run in runs} == {a.pk, b.pk}
