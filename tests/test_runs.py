@@ -72,12 +72,16 @@ def filter_event(event):
     return event.payload.get("go", True)
 
 
+def workflow(name, step_list, filter=None, **kwargs):
+    """A test workflow ``r-x`` triggered by ``r.x``, keyed by the payload's run_key."""
+    trigger = on_event(name.replace("-", ".", 1), filter=filter)
+    return define_workflow(name, trigger, step_list, run_key, register=False, **kwargs)
+
+
 WORKFLOWS = [
-    define_workflow(
-        name="r-backoff",
-        trigger=on_event("r.backoff"),
-        idempotency_key=run_key,
-        steps=[
+    workflow(
+        "r-backoff",
+        step_list=[
             steps.retry(
                 times=5,
                 backoff=payload_value("backoff", "exponential"),
@@ -86,70 +90,52 @@ WORKFLOWS = [
                 do=[steps.compute("flaky", always_fails)],
             )
         ],
-        register=False,
     ),
-    define_workflow(
-        name="r-carry",
-        trigger=on_event("r.carry"),
-        idempotency_key=run_key,
+    workflow(
+        "r-carry",
         awaits={"ping": "r.ping"},
-        steps=[
+        step_list=[
             steps.compute("before", before),
             steps.wait(payload_value("for", "PT0S")),
             steps.wait_for_event("ping", match=key_match, timeout="P1D"),
             steps.compute("after", saw),
         ],
-        register=False,
     ),
-    define_workflow(
-        name="r-args",
-        trigger=on_event("r.args"),
-        idempotency_key=run_key,
+    workflow(
+        "r-args",
         awaits={"thing": "r.thing"},
-        steps=[
+        step_list=[
             steps.wait_for_event(
                 "thing", match=payload_value("match"), timeout=payload_value("timeout")
             )
         ],
-        register=False,
     ),
-    define_workflow(
-        name="r-junk",
-        trigger=on_event("r.junk"),
-        idempotency_key=run_key,
-        steps=[steps.compute("fine", before), steps.compute("junk", junk)],
-        register=False,
+    workflow(
+        "r-junk",
+        step_list=[steps.compute("fine", before), steps.compute("junk", junk)],
     ),
-    define_workflow(
-        name="r-filter",
-        trigger=on_event("r.filter", filter=filter_event),
-        idempotency_key=run_key,
-        steps=[steps.compute("ran", before)],
-        register=False,
+    workflow(
+        "r-filter",
+        filter=filter_event,
+        step_list=[steps.compute("ran", before)],
     ),
-    define_workflow(
-        name="r-lookback",
-        trigger=on_event("r.lookback"),
-        idempotency_key=run_key,
+    workflow(
+        "r-lookback",
         awaits={"done": "r.done"},
-        steps=[
+        step_list=[
             steps.compute("emit", emit_done),
             steps.wait_for_event("done", match=key_match, timeout="PT1H"),
             steps.compute("after", saw),
         ],
-        register=False,
     ),
-    define_workflow(
-        name="r-await",
-        trigger=on_event("r.await"),
-        idempotency_key=run_key,
+    workflow(
+        "r-await",
         awaits={"done": "r.done"},
-        steps=[
+        step_list=[
             steps.wait(payload_value("for", "PT0S")),
             steps.wait_for_event("done", match=key_match, timeout="PT1H"),
             steps.compute("after", saw),
         ],
-        register=False,
     ),
 ]
 
