@@ -32,6 +32,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         "WORKER_INTERVAL",
         "BATCH_SIZE",
         "CRON_CATCH_UP_LIMIT",
+        "CRON_GRACE",
     )
     for key in positive:
         value = getattr(workflow_settings, key)

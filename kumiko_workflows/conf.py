@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
     "CRON_TENANTS": None,
     # Most missed slots one pass fires for a schedule with catch_up="all".
     "CRON_CATCH_UP_LIMIT": 100,
+    # Seconds a cron slot stays on time: a pass fires it whatever catch_up
+    # says; a slot first seen later was missed and catch_up decides.
+    "CRON_GRACE": 300,
     # Dotted path (or callable) `request -> tenant id or None` that limits a
     # staff user in the admin to one tenant; None means no scoping.
     "ADMIN_TENANT": None,

@@ -24,6 +24,7 @@ from django.utils import timezone
 from kumiko_workflows import durations, event_types, matching
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import (
+    CronTrigger,
     EventTrigger,
     Workflow,
     path_text,
@@ -484,6 +485,10 @@ def run_segment(
 
 
 def _idempotency_key(workflow: Workflow, event: Event) -> str:
+    if isinstance(workflow.trigger, CronTrigger):
+        # A cron run is keyed by its slot instant (kumiko_workflows.cron), so
+        # schedulers that fire the same slot address the same run.
+        return str(event.payload["slot"])
     key = workflow.idempotency_key
     if key is None:
         return uuid.uuid4().hex

@@ -1,0 +1,385 @@
+"""Firing cron-triggered workflows: one run per slot, however many schedulers run.
+
+Each (tenant, cron workflow) has a *schedule stream* (aggregate type
+``workflow-schedule``, a uuid5 id). The first pass that sees a schedule
+appends ``workflow.schedule.started``; every fired slot appends
+``workflow.schedule.slot-fired`` at the stream's next version and, in the same
+transaction, starts the run through the ordinary trigger path with that event
+as ``ctx.event``. Two schedulers firing one slot append the same version: one
+wins, the other gets :class:`VersionConflict` and starts nothing.
+
+Slots are wall-clock times in the schedule's time zone. They are enumerated
+on naive local time (so each wall time exists once) and then placed on the
+time line: a wall time in a skipped hour fires at the end of the gap, a wall
+time in a repeated hour fires once, at its first occurrence after the last
+fired slot. (croniter itself fires a repeated wall time twice.)
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.utils import timezone
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows.conf import import_callable, workflow_settings
+from kumiko_workflows.definition import CronTrigger, Workflow, registry, run_id_for
+from kumiko_workflows.exceptions import VersionConflict
+from kumiko_workflows.models import Event
+
+logger = logging.getLogger("kumiko_workflows.cron")
+
+_SCHEDULE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-schedule")
+_CREATED_BY = "kumiko_workflows.cron"
+
+
+# --- the time line ------------------------------------------------------------
+
+
+def _aware(now: datetime | None) -> datetime:
+    if now is None:
+        return timezone.now()
+    if not isinstance(now, datetime):
+        raise TypeError(f"now must be an aware datetime, got {now!r}")
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError(f"now must be an aware datetime, got the naive {now.isoformat()}")
+    return now.astimezone(UTC)
+
+
+def _wall(instant: datetime, trigger: CronTrigger) -> datetime:
+    """The naive local wall time of ``instant`` in the schedule's zone."""
+    return instant.astimezone(trigger.zone).replace(tzinfo=None)
+
+
+def _place(wall: datetime, trigger: CronTrigger, after: datetime) -> datetime:
+    """The UTC instant a slot at local ``wall`` fires, given the last slot was ``after``.
+
+    A wall time that does not exist (the spring gap) fires when the gap ends;
+    one that exists twice (the autumn fold) fires at its first occurrence
+    later than ``after``.
+    """
+    zone = trigger.zone
+    first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    if _wall(first, trigger) != wall:
+        # In a gap PEP 495 gives two instants around the transition: fold=1
+        # (the later offset) is before it, fold=0 after it. Find the first
+        # second whose wall time has reached ``wall``: the end of the gap.
+        low, high = int(min(first, second).timestamp()), int(max(first, second).timestamp())
+        while high - low > 1:
+            middle = (low + high) // 2
+            if _wall(datetime.fromtimestamp(middle, UTC), trigger) >= wall:
+                high = middle
+            else:
+                low = middle
+        return datetime.fromtimestamp(high, UTC)
+    if first != second and first <= after:
+        return second
+    return first
+
+
+def _walls(trigger: CronTrigger, start: datetime) -> Iterator[datetime]:
+    """Naive wall times of the expression's slots strictly after naive ``start``."""
+    from croniter import croniter
+
+    cron = croniter(trigger.expression, start)
+    while True:
+        yield cron.get_next(datetime)
+
+
+def _walls_before(trigger: CronTrigger, start: datetime, count: int) -> datetime:
+    """The wall time ``count`` slots before naive ``start`` (``start`` itself for 0)."""
+    from croniter import croniter
+
+    cron = croniter(trigger.expression, start)
+    wall = start
+    for _ in range(count):
+        wall = cron.get_prev(datetime)
+    return wall
+
+
+def slots_between(
+    trigger: CronTrigger, after: datetime, until: datetime, *, start_wall: datetime | None = None
+) -> Iterator[datetime]:
+    """UTC instants of the slots in ``(after, until]``, in order, each instant once."""
+    last = after
+    wall_after = _wall(after, trigger)
+    for wall in _walls(trigger, max(wall_after, start_wall) if start_wall else wall_after):
+        instant = _place(wall, trigger, after)
+        if instant > until:
+            return
+        if instant > last:  # several skipped wall times share the end of their gap
+            last = instant
+            yield instant
+
+
+def next_slot(trigger: CronTrigger, after: datetime) -> datetime:
+    """The first slot strictly after ``after`` (UTC)."""
+    for wall in _walls(trigger, _wall(after, trigger)):
+        instant = _place(wall, trigger, after)
+        if instant > after:
+            return instant
+    raise AssertionError("unreachable")  # pragma: no cover - the iterator is endless
+
+
+# --- schedules ------------------------------------------------------------------
+
+
+def schedule_id(workflow_name: str, tenant_id: str) -> uuid.UUID:
+    """The id of the schedule stream of one cron workflow in one tenant (uuid5)."""
+    return uuid.uuid5(_SCHEDULE_NAMESPACE, f"{tenant_id}\x1f{workflow_name}")
+
+
+def cron_tenants() -> list[str]:
+    """The tenants cron workflows fire for (``KUMIKO_WORKFLOWS['CRON_TENANTS']``)."""
+    source = import_callable(workflow_settings.CRON_TENANTS, "CRON_TENANTS")
+    if source is None:
+        return [workflow_settings.DEFAULT_TENANT]
+    tenants = source()
+    if isinstance(tenants, str) or not hasattr(tenants, "__iter__"):
+        raise ImproperlyConfigured(
+            f"KUMIKO_WORKFLOWS['CRON_TENANTS'] must return a list of tenant ids, got {tenants!r}"
+        )
+    result: list[str] = []
+    for tenant in tenants:
+        if not isinstance(tenant, str) or not tenant or len(tenant) > 100:
+            raise ImproperlyConfigured(
+                "KUMIKO_WORKFLOWS['CRON_TENANTS'] returned an invalid tenant id "
+                f"{tenant!r}; tenant ids are strings of 1-100 characters"
+            )
+        if tenant not in result:
+            result.append(tenant)
+    return result
+
+
+def cron_workflows() -> list[Workflow]:
+    return [w for w in registry.all() if isinstance(w.trigger, CronTrigger)]
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+@dataclass
+class Schedule:
+    """What a schedule stream says: its version and the last slot (or start)."""
+
+    workflow: Workflow
+    tenant_id: str
+    version: int = 0
+    started_at: datetime | None = None
+    last_slot: datetime | None = None
+    last_run_id: uuid.UUID | None = None
+
+    @property
+    def stream_id(self) -> uuid.UUID:
+        return schedule_id(self.workflow.name, self.tenant_id)
+
+    @property
+    def trigger(self) -> CronTrigger:
+        trigger = self.workflow.trigger
+        assert isinstance(trigger, CronTrigger)
+        return trigger
+
+    @property
+    def baseline(self) -> datetime | None:
+        """Slots at or before this instant are never fired."""
+        return self.last_slot or self.started_at
+
+    @classmethod
+    def load(cls, workflow: Workflow, tenant_id: str) -> Schedule:
+        schedule = cls(workflow, tenant_id)
+        events = Event.objects.filter(aggregate_id=schedule.stream_id).order_by("-version")
+        latest = events.first()
+        if latest is None:
+            return schedule
+        schedule.version = latest.version
+        if latest.type == et.SCHEDULE_SLOT_FIRED:
+            schedule.last_slot = _instant(latest.payload["slot"])
+            schedule.last_run_id = run_id_for(workflow.name, latest.payload["slot"], tenant_id)
+            started = events.filter(type=et.SCHEDULE_STARTED).order_by("version").first()
+            schedule.started_at = _instant(started.payload["started_at"]) if started else None
+        else:
+            schedule.started_at = _instant(latest.payload["started_at"])
+        return schedule
+
+    def append(self, type: str, payload: dict[str, Any]) -> Event:
+        event = _append(self, type, payload)
+        self.version = event.version
+        return event
+
+
+def _append(schedule: Schedule, type: str, payload: dict[str, Any]) -> Event:
+    from kumiko_workflows.store import append_event
+
+    trigger = schedule.trigger
+    return append_event(
+        schedule.stream_id,
+        et.SCHEDULE_AGGREGATE_TYPE,
+        type,
+        {
+            "workflow_name": schedule.workflow.name,
+            "expression": trigger.expression,
+            "timezone": trigger.timezone,
+            "catch_up": trigger.catch_up,
+            **payload,
+        },
+        tenant_id=schedule.tenant_id,
+        expected_version=schedule.version,
+        created_by=_CREATED_BY,
+    )
+
+
+def due_slots(schedule: Schedule, now: datetime) -> list[datetime]:
+    """The slots a pass at ``now`` fires, oldest first, after the catch-up policy.
+
+    A slot at most ``CRON_GRACE`` seconds old is on time and always fires. An
+    older one was missed (no scheduler ran then): ``skip`` fires none,
+    ``latest`` the most recent one, ``all`` each of them, at most
+    ``CRON_CATCH_UP_LIMIT`` (the most recent; older ones are dropped).
+    """
+    baseline = schedule.baseline
+    if baseline is None or baseline >= now:
+        return []
+    trigger = schedule.trigger
+    cut = now - timedelta(seconds=float(workflow_settings.CRON_GRACE))
+    keep = {"skip": 0, "latest": 1, "all": int(workflow_settings.CRON_CATCH_UP_LIMIT)}
+    wanted = keep[trigger.catch_up]
+    start_wall = None
+    if cut > baseline:
+        # Only the last `wanted` missed slots can fire: start there, so a long
+        # outage of a frequent schedule costs no more than the slots kept.
+        start_wall = _walls_before(trigger, _wall(cut, trigger), wanted + 1)
+    missed: list[datetime] = []
+    on_time: list[datetime] = []
+    dropped = start_wall is not None and start_wall > _wall(baseline, trigger)
+    for slot in slots_between(trigger, baseline, now, start_wall=start_wall):
+        if slot >= cut:
+            on_time.append(slot)
+            continue
+        missed.append(slot)
+        if len(missed) > wanted:
+            missed.pop(0)
+            dropped = True
+    if dropped:
+        # Expected for skip and latest; for all it means the cap was reached.
+        logger.log(
+            logging.WARNING if trigger.catch_up == "all" else logging.INFO,
+            "workflow=%s tenant=%s catch_up=%s: slots missed since %s are not fired, "
+            "but for the latest %d",
+            schedule.workflow.name,
+            schedule.tenant_id,
+            trigger.catch_up,
+            baseline.isoformat(),
+            len(missed),
+        )
+    return missed + on_time
+
+
+def fire_schedule(schedule: Schedule, now: datetime) -> int:
+    """Start or fire one schedule; return how many runs it started."""
+    from kumiko_workflows.runner import start_run
+
+    if schedule.baseline is None:
+        try:
+            with transaction.atomic():
+                schedule.append(et.SCHEDULE_STARTED, {"started_at": now.isoformat()})
+        except VersionConflict:
+            pass  # another scheduler started it first: fine, it has the same start
+        else:
+            logger.info(
+                "workflow=%s tenant=%s cron schedule started at %s",
+                schedule.workflow.name,
+                schedule.tenant_id,
+                now.isoformat(),
+            )
+        return 0
+    started = 0
+    zone = schedule.trigger.zone
+    for slot in due_slots(schedule, now):
+        slot_iso = slot.isoformat()
+        with transaction.atomic():
+            try:
+                event = schedule.append(
+                    et.SCHEDULE_SLOT_FIRED,
+                    {
+                        "slot": slot_iso,
+                        "slot_local": slot.astimezone(zone).isoformat(),
+                        "fired_at": now.isoformat(),
+                    },
+                )
+            except VersionConflict:
+                # Another scheduler fired this slot (and will fire the rest).
+                logger.debug(
+                    "workflow=%s tenant=%s slot=%s fired by another scheduler",
+                    schedule.workflow.name,
+                    schedule.tenant_id,
+                    slot_iso,
+                )
+                return started
+            run_id = start_run(schedule.workflow, event, now=now)
+        if run_id is not None:
+            started += 1
+            schedule.last_slot = slot
+            logger.info(
+                "workflow=%s tenant=%s slot=%s run=%s started",
+                schedule.workflow.name,
+                schedule.tenant_id,
+                slot_iso,
+                run_id,
+            )
+    return started
+
+
+def fire_due_schedules(now: datetime | None = None) -> int:
+    """Fire every due slot of every cron workflow, for each cron tenant.
+
+    ``now`` (an aware datetime) defaults to the current time. Returns how
+    many runs were started. The first pass that sees a schedule only records
+    its start: slots before it never fire.
+    """
+    moment = _aware(now)
+    workflows = cron_workflows()
+    if not workflows:
+        return 0
+    started = 0
+    for tenant in cron_tenants():
+        for workflow in workflows:
+            started += fire_schedule(Schedule.load(workflow, tenant), moment)
+    return started
+
+
+def schedule_overview(now: datetime | None = None) -> list[dict[str, Any]]:
+    """Per cron workflow and tenant: its expression, last fired slot and next slot.
+
+    ``next_slot`` is the first slot after ``now`` (and after the last fired
+    one); ``started_at`` is None until a scheduler pass has seen the schedule.
+    """
+    moment = _aware(now)
+    rows = []
+    for tenant in cron_tenants():
+        for workflow in cron_workflows():
+            schedule = Schedule.load(workflow, tenant)
+            trigger = schedule.trigger
+            after = max(moment, schedule.baseline or moment)
+            rows.append(
+                {
+                    "workflow_name": workflow.name,
+                    "tenant_id": tenant,
+                    "expression": trigger.expression,
+                    "timezone": trigger.timezone,
+                    "catch_up": trigger.catch_up,
+                    "started_at": schedule.started_at,
+                    "last_slot": schedule.last_slot,
+                    "last_run_id": schedule.last_run_id,
+                    "next_slot": next_slot(trigger, after),
+                }
+            )
+    return rows

@@ -1,0 +1,44 @@
+"""``manage.py fire_schedules``: fire due cron slots once, without resuming runs."""
+
+from __future__ import annotations
+
+from argparse import ArgumentTypeError
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+
+def aware_instant(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ArgumentTypeError(f"{text!r} is not an ISO 8601 instant") from None
+    if value.tzinfo is None:
+        raise ArgumentTypeError(f"{text!r} has no UTC offset; give one, e.g. {text}+00:00")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Fire every due cron slot once (resume_due_runs does this each pass too). "
+        "Prints how many runs were started."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--now",
+            type=aware_instant,
+            metavar="ISO",
+            help="Fire as if it were this instant (with a UTC offset). Default: the current time.",
+        )
+
+    def handle(self, *args: Any, now: datetime | None = None, **options: Any) -> None:
+        from kumiko_workflows.cron import fire_due_schedules
+
+        try:
+            started = fire_due_schedules(now=now)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"started {started} cron run{'s' if started != 1 else ''}")
