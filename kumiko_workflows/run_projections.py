@@ -13,7 +13,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
 from kumiko_workflows import event_types as et
@@ -224,9 +224,15 @@ def project_pending(event: Event, replaying: bool) -> None:
         if not replaying and row.wake_at is not None and row.wake_at <= event.created_at:
             notify_due(event.tenant_id)
     elif kind == et.WAKE_REQUESTED:
-        WorkflowRunPending.objects.filter(
+        rows = WorkflowRunPending.objects.filter(
             tenant_id=event.tenant_id, run_id=event.aggregate_id
-        ).update(wake_at=event.created_at, due_since=event.created_at, run_version=event.version)
+        )
+        rows.update(wake_at=event.created_at, due_since=event.created_at, run_version=event.version)
+        if event.payload.get("awaited_event_id") is not None:
+            # The post-commit re-check found the awaited event: record it.
+            rows.filter(awaited_event_id__isnull=True).update(
+                awaited_event_id=event.payload["awaited_event_id"]
+            )
         if not replaying:
             notify_due(event.tenant_id)
     elif kind == et.RESUMED or kind in et.TERMINAL:
@@ -245,16 +251,10 @@ def project_wakeup(event: Event, replaying: bool) -> None:
     event are left alone. A stored match expression that cannot be evaluated
     fails that run (``invalid_match``) instead of failing the domain write.
     """
-    from kumiko_workflows.runner import (
-        INVALID_MATCH,
-        Failure,
-        RunStream,
-        fail_run,
-        lock_awaited_type,
-    )
+    from kumiko_workflows.runner import INVALID_MATCH, Failure, RunStream, fail_run
 
     if not replaying:
-        lock_awaited_type(event.tenant_id, event.type)
+        recheck_after_commit(event.tenant_id, event.type, event_id=event.id)
     rows = WorkflowRunPending.objects.filter(
         tenant_id=event.tenant_id,
         wait_event_type=event.type,
@@ -262,14 +262,15 @@ def project_wakeup(event: Event, replaying: bool) -> None:
         awaited_event_id__isnull=True,
         trigger_event_id__lt=event.id,
     )
+    if not replaying and connection.features.has_select_for_update_skip_locked:
+        # A row a worker holds is being resumed right now (its timeout, or a
+        # wake request); that resume looks for this event itself. Waiting for
+        # the worker's lock could deadlock against the caller's own rows.
+        rows = rows.select_for_update(skip_locked=True)
     woken = []
     for row in rows:
         try:
-            matched = (
-                matching.matches(matching.validate(row.match_expr), event.payload)
-                if (row.match_expr is not None)
-                else True
-            )
+            matched = _satisfies(row, event)
         except Exception as exc:
             if replaying:
                 continue  # the run-failed event that followed is replayed too
@@ -279,17 +280,9 @@ def project_wakeup(event: Event, replaying: bool) -> None:
                 row.step,
                 exc,
             )
-            stream = RunStream(
-                row.run_id,
-                row.tenant_id,
-                row.workflow_name,
-                row.run_version,
-                row.definition_fingerprint,
-                row.trigger_event_id,
-            )
             try:
                 fail_run(
-                    stream,
+                    RunStream.of_pending(row),
                     Failure(
                         INVALID_MATCH,
                         row.step,
@@ -314,6 +307,75 @@ def project_wakeup(event: Event, replaying: bool) -> None:
     WorkflowRun.objects.filter(run_id__in=run_ids).update(wake_at=event.created_at)
     if not replaying:
         notify_due(event.tenant_id)
+
+
+def recheck_after_commit(
+    tenant_id: str, event_type: str, *, run_id: Any = None, event_id: int | None = None
+) -> None:
+    """After commit, look again for awaited events a concurrent transaction hid.
+
+    A run suspending on ``wait_for_event`` and an awaited event appended at
+    the same moment in another transaction cannot see each other's rows
+    (READ COMMITTED). So each side looks again once it has committed: the
+    suspension for matching events (``run_id``), the event for waiting rows
+    (``event_id``). Whichever commits second sees the other, and wakes the
+    run through a ``workflow.wake-requested`` event naming the awaited event.
+    SQLite has one writer at a time, so it needs none of this.
+    """
+    if connection.vendor != "postgresql":
+        return
+
+    def recheck() -> None:
+        from kumiko_workflows.runner import RunStream, look_back
+
+        try:
+            with transaction.atomic():
+                rows = WorkflowRunPending.objects.select_for_update(skip_locked=True).filter(
+                    tenant_id=tenant_id,
+                    wait_event_type=event_type,
+                    suspension_type=SuspensionType.EVENT,
+                    awaited_event_id__isnull=True,
+                )
+                if run_id is not None:
+                    rows = rows.filter(run_id=run_id)
+                event = Event.objects.filter(pk=event_id).first() if event_id else None
+                if event_id and event is None:
+                    return
+                for row in rows:
+                    if event is not None:
+                        # Ids follow insert order, not commit order: an event
+                        # that committed after the run suspended may carry a
+                        # lower id than its trigger, yet it came "after".
+                        found = event if _satisfies(row, event, after_trigger=False) else None
+                    else:
+                        found = look_back(
+                            tenant_id, event_type, row.match_expr, row.trigger_event_id or 0
+                        )
+                    if found is None:
+                        continue
+                    RunStream.of_pending(row).append(
+                        et.WAKE_REQUESTED,
+                        {
+                            "workflow_name": row.workflow_name,
+                            "step": row.step,
+                            "by": "kumiko_workflows",
+                            "awaited_event_id": found.id,
+                        },
+                    )
+        except Exception:
+            logger.exception(
+                "tenant=%s event_type=%s re-check for awaited events failed", tenant_id, event_type
+            )
+
+    transaction.on_commit(recheck)
+
+
+def _satisfies(row: WorkflowRunPending, event: Event, *, after_trigger: bool = True) -> bool:
+    """Whether ``event`` passes the row's match (and came after the run's trigger)."""
+    if after_trigger and event.id <= (row.trigger_event_id or 0):
+        return False
+    expression = None if row.match_expr is None else matching.validate(row.match_expr)
+    return matching.matches(expression, event.payload)
 
 
 def register(projections: Any) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from kumiko_workflows import durations, event_types, matching
@@ -38,6 +38,7 @@ from kumiko_workflows.exceptions import (
 )
 from kumiko_workflows.jsonvalues import NotJSON, to_json
 from kumiko_workflows.models import Event, WorkflowRun
+from kumiko_workflows.run_projections import recheck_after_commit
 from kumiko_workflows.steps import Branch, Compute, Retry, Step, Wait, WaitForEvent
 from kumiko_workflows.store import append_event
 
@@ -120,6 +121,18 @@ class RunStream:
     version: int
     fingerprint: str
     trigger_event_id: int | None
+
+    @classmethod
+    def of_pending(cls, row: Any) -> RunStream:
+        """The stream of a pending row's run, positioned after its suspension."""
+        return cls(
+            row.run_id,
+            row.tenant_id,
+            row.workflow_name,
+            row.run_version,
+            row.definition_fingerprint,
+            row.trigger_event_id,
+        )
 
     def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
         event = append_event(
@@ -290,6 +303,7 @@ class Executor:
             self.ctx.steps[step.awaits_key] = found.payload
             self.ctx.awaited[step.awaits_key] = found.id
             return
+        recheck_after_commit(self.ctx.tenant_id, event_type, run_id=self.ctx.run_id)
         raise Suspend(
             event_types.WAITING_FOR_EVENT,
             {
@@ -380,28 +394,12 @@ class Executor:
 def look_back(
     tenant_id: str, event_type: str, match: dict[str, Any] | None, after_id: int
 ) -> Event | None:
-    """The earliest event of ``event_type`` in the tenant after ``after_id`` that matches.
-
-    On PostgreSQL this first takes the (tenant, event type) advisory lock the
-    wake-up projection also takes, so an awaited event committed concurrently
-    is either seen here or sees this run's pending row.
-    """
-    lock_awaited_type(tenant_id, event_type)
+    """The earliest event of ``event_type`` in the tenant after ``after_id`` that matches."""
     candidates = Event.objects.of_type_after(tenant_id, event_type, after_id).only("id", "payload")
     for event in candidates[:LOOK_BACK_LIMIT].iterator(chunk_size=200):
         if matching.matches(match, event.payload):
             return event
     return None
-
-
-def lock_awaited_type(tenant_id: str, event_type: str) -> None:
-    if connection.vendor != "postgresql":
-        return  # SQLite serialises all writers already
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            [f"kumiko_workflows:{tenant_id}:{event_type}"],
-        )
 
 
 def set_last_error(run_id: uuid.UUID, detail: str) -> None:
