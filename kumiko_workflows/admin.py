@@ -22,14 +22,13 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from kumiko_workflows import event_types as et
-from kumiko_workflows import matching
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.exceptions import RunNotFound, RunNotRetryable
 from kumiko_workflows.explain import (
+    describe_match,
     explain,
     humanize,
     pretty_json,
-    short_json,
     step_label,
     timeline,
 )
@@ -440,11 +439,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     def awaiting(self, row: WorkflowRunPending) -> str:
         if row.suspension_type != SuspensionType.EVENT:
             return "—"
-        try:
-            words = matching.describe(row.match_expr)
-        except (KeyError, TypeError):
-            words = short_json(row.match_expr)
-        return f"{row.wait_event_type} where {words}"
+        return f"{row.wait_event_type} where {describe_match(row.match_expr)}"
 
     @admin.display(description="state")
     def state_json(self, row: WorkflowRunPending) -> str:

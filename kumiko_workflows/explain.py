@@ -59,12 +59,26 @@ def pretty_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, indent=2, default=str)
 
 
-def short_payload(payload: dict[str, Any], limit: int = 120) -> str:
+def describe_match(expression: Any) -> str:
+    """A stored match expression in plain words (or as JSON if it is unreadable)."""
+    try:
+        return matching.describe(expression)
+    except (KeyError, TypeError, AttributeError):
+        return f"(unreadable match expression {short_json(expression)})"
+
+
+def short_payload(payload: dict[str, Any], limit: int = 120, *, type: str = "") -> str:
+    """``key=value`` pairs of a run event's payload, leaving out the bulky ones."""
     parts = []
     for key, value in sorted(payload.items()):
         if key in _TIMELINE_HIDDEN or value in (None, "", {}, []):
             continue
-        shown = value if isinstance(value, str) else short_json(value, 60)
+        if key == "trigger_event_id" and type != et.RUN_STARTED:
+            continue  # the same on every event of the run
+        if key == "match":
+            shown = describe_match(value)
+        else:
+            shown = value if isinstance(value, str) else short_json(value, 60)
         parts.append(f"{key}={shown}")
     text = " ".join(parts)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -94,7 +108,7 @@ def timeline(run: WorkflowRun) -> list[TimelineEntry]:
                 created_at=event.created_at,
                 type=event.type,
                 step=step_label(run.workflow_name, step) if step else "",
-                summary=short_payload(payload),
+                summary=short_payload(payload, type=event.type),
                 by=payload.get("by") or "",
             )
         )
@@ -184,10 +198,7 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
         ("Since", _when(row.suspended_at)),
     ]
     if row.suspension_type == SuspensionType.EVENT:
-        try:
-            words = matching.describe(row.match_expr)
-        except (KeyError, TypeError):
-            words = f"(unreadable match expression {short_json(row.match_expr)})"
+        words = describe_match(row.match_expr)
         facts.append(("Waiting for", f"a {row.wait_event_type!r} event where {words}"))
         facts.append(
             (
