@@ -279,6 +279,12 @@ def resume_due_runs(
     return report
 
 
+def _connection_broken() -> bool:
+    """Whether the database connection itself is gone (not just a failed statement)."""
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", False))
+
+
 def _drain_tenant(
     tenant: str,
     now: datetime,
@@ -308,6 +314,10 @@ def _drain_tenant(
                     with transaction.atomic():
                         outcome, claimed = resume_row(row, now)
                 except Exception:
+                    if _connection_broken():
+                        # Every row after this one would fail the same way:
+                        # end the pass, so the worker backs off and reconnects.
+                        raise
                     logger.exception(
                         "run=%s step=%s tenant=%s could not be resumed",
                         row.run_id,

@@ -172,3 +172,73 @@ blocking = define_workflow(
         steps.compute("held", block_until_released),
     ],
 )
+
+
+# --- tests/test_faults.py, test_load.py, test_bad_input.py, test_security.py ---
+
+
+def write_then_block(ctx):
+    """A database side effect, then hold: a worker killed here must roll it back."""
+    ctx.append_event(
+        ctx.event.aggregate_id,
+        "test",
+        "t.faults-side-effect",
+        {"run_key": ctx.event.payload["run_key"]},
+    )
+    return block_until_released(ctx)
+
+
+def done(ctx):
+    return "done"
+
+
+def junk_result(ctx):
+    """A result that is not JSON, chosen by the trigger payload."""
+    from datetime import datetime
+
+    return {
+        "set": {1, 2},
+        "nan": float("nan"),
+        "naive": datetime(2026, 1, 31, 9, 0),
+        "bytes": b"raw",
+        "object": object(),
+    }[ctx.event.payload["junk"]]
+
+
+faults_side_effect = define_workflow(
+    name="t-faults-side-effect",
+    trigger=on_event("t.faults-side-effect-start"),
+    idempotency_key=run_key,
+    steps=[
+        steps.wait(payload_value("for", "PT0S")),
+        steps.compute("held", write_then_block),
+    ],
+)
+
+faults_load = define_workflow(
+    name="t-faults-load",
+    trigger=on_event("t.faults-load"),
+    idempotency_key=run_key,
+    steps=[steps.wait(payload_value("for", "PT1H")), steps.compute("done", done)],
+)
+
+faults_args = define_workflow(
+    name="t-faults-args",
+    trigger=on_event("t.faults-args"),
+    idempotency_key=run_key,
+    awaits={"thing": "t.faults-thing"},
+    steps=[
+        steps.wait(payload_value("for", "PT0S")),
+        steps.wait_for_event(
+            "thing", match=payload_value("match"), timeout=payload_value("timeout")
+        ),
+        steps.compute("after", record("after")),
+    ],
+)
+
+faults_result = define_workflow(
+    name="t-faults-result",
+    trigger=on_event("t.faults-result"),
+    idempotency_key=run_key,
+    steps=[steps.compute("junk", junk_result), steps.compute("after", record("after"))],
+)
