@@ -79,9 +79,8 @@ def check_workflows(
     errors: list[checks.CheckMessage] = []
     for workflow in registry.all() if workflows is None else workflows:
         for problem in validate(workflow):
+            level = checks.Warning if ".W" in problem.id else checks.Error
             errors.append(
-                checks.Error(
-                    problem.message, hint=problem.hint or None, obj=workflow, id=problem.id
-                )
+                level(problem.message, hint=problem.hint or None, obj=workflow, id=problem.id)
             )
     return errors

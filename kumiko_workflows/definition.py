@@ -191,6 +191,22 @@ def validate(workflow: Workflow) -> list[Problem]:
         )
         if problem:
             add("E008", problem, "Use a 5-field cron expression and an IANA time zone.")
+        if workflow.idempotency_key is not None:
+            add(
+                "E008",
+                "a cron workflow's runs are keyed by their slot instant, so idempotency_key "
+                "would be ignored",
+                "Remove idempotency_key from this on_cron workflow.",
+            )
+    for where, fn in _callables(workflow):
+        qualname = callable_name(fn)
+        if "<lambda>" in qualname or "<locals>" in qualname:
+            add(
+                "W001",
+                f"{where} is {qualname}; the fingerprint knows callables by name only, so "
+                "a change to its body would not be noticed by runs already in flight",
+                "Use a module-level function (or bump version= whenever you change it).",
+            )
     seen: dict[str, str] = {}
     for path, step in iter_steps(workflow.steps):
         where = f"step {path_text(path)} ({step.label()})"
@@ -256,6 +272,19 @@ def validate(workflow: Workflow) -> list[Problem]:
             if not step.do:
                 add("E013", f"{where} has an empty body", "Give retry(do=[...]) a step.")
     return problems
+
+
+def _callables(workflow: Workflow) -> Iterator[tuple[str, Any]]:
+    """Every callable a definition holds, with where it stands."""
+    trigger = workflow.trigger
+    if isinstance(trigger, EventTrigger) and trigger.filter is not None:
+        yield "the trigger filter", trigger.filter
+    if callable(workflow.idempotency_key):
+        yield "idempotency_key", workflow.idempotency_key
+    for path, step in iter_steps(workflow.steps):
+        for arg, value in vars(step).items():
+            if arg not in ("do", "then", "else_", "give_up_on") and callable(value):
+                yield f"step {path_text(path)} ({step.label()}) {arg}", value
 
 
 def _check_time(add: Callable[..., None], where: str, arg: str, value: Any, required: bool) -> None:
@@ -508,7 +537,7 @@ def define_workflow(
     registering it (for :meth:`WorkflowRegistry.override`).
     """
     workflow = Workflow(name, trigger, steps, idempotency_key, awaits, version)
-    problems = validate(workflow)
+    problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:
         first = problems[0]
         hint = f" HINT: {first.hint}" if first.hint else ""

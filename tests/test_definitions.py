@@ -887,3 +887,32 @@ def test_validate_raises_only_invalid_match_and_matches_never_raises(expression,
     except InvalidMatchExpression:
         return
     assert isinstance(matches(valid, payload), bool)
+
+
+def test_cron_workflow_with_an_idempotency_key_is_refused():
+    with pytest.raises(WorkflowDefinitionError, match=r"E008.*keyed by their slot"):
+        define_workflow(
+            name="cron-with-key",
+            trigger=on_cron("0 9 * * *"),
+            idempotency_key="x",
+            steps=[steps.compute("a", noop)],
+            register=False,
+        )
+
+
+def test_lambdas_get_a_warning_since_their_bodies_are_not_fingerprinted():
+    from django.core import checks as django_checks
+
+    workflow = define_workflow(
+        name="with-lambda",
+        trigger=on_event("x.happened", filter=lambda event: True),
+        steps=[steps.compute("a", noop), steps.branch(if_=lambda ctx: True, then=[])],
+        register=False,
+    )
+    messages = check_workflows(workflows=[workflow])
+    assert [(type(m), m.id) for m in messages] == [
+        (django_checks.Warning, "kumiko_workflows.W001"),
+        (django_checks.Warning, "kumiko_workflows.W001"),
+    ]
+    assert "the trigger filter" in messages[0].msg and "<lambda>" in messages[0].msg
+    assert "step 1 (branch) if_" in messages[1].msg
