@@ -107,6 +107,21 @@ def _definition_changed(row: WorkflowRunPending, stream: RunStream) -> str:
     )
 
 
+def _state_problem(state: Any) -> str | None:
+    """What is wrong with a pending row's state snapshot, or None."""
+    if state is None:
+        return None
+    if not isinstance(state, dict):
+        return f"expected an object, got {type(state).__name__}"
+    for key in ("results", "awaited"):
+        if not isinstance(state.get(key) or {}, dict):
+            return f"{key!r} is not an object"
+    for key, event_id in (state.get("awaited") or {}).items():
+        if event_id is not None and (isinstance(event_id, bool) or not isinstance(event_id, int)):
+            return f"awaited[{key!r}] is not an event id"
+    return None
+
+
 def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
     """Resume one pending row; return (outcome, claimed).
 
@@ -139,11 +154,15 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
         )
     except ValueError:
         valid = False
+    message = None
     if not valid:
         message = (
             f"pending row names step {row.step!r} with suspension {row.suspension_type!r}, "
             "which this workflow does not have"
         )
+    elif (problem := _state_problem(row.state)) is not None:
+        message = f"pending row has a malformed state: {problem}"
+    if message is not None:
         try:
             fail_run(stream, Failure(INVALID_PENDING_ROW, row.step, message, detail=message))
         except VersionConflict:

@@ -33,6 +33,7 @@ from kumiko_workflows.definition import (
 )
 from kumiko_workflows.exceptions import (
     InvalidDuration,
+    InvalidEvent,
     InvalidMatchExpression,
     VersionConflict,
 )
@@ -467,7 +468,18 @@ def run_segment(
                     "trigger_event_id": stream.trigger_event_id,
                     "state": ctx.snapshot(),
                 }
-                stream.append(suspension.type, payload)
+                try:
+                    stream.append(suspension.type, payload)
+                except InvalidEvent as exc:
+                    # Results too big to keep: fail the run, or every pass
+                    # would run the steps again and hit the limit again.
+                    step = suspension.payload["step"]
+                    raise Failure(
+                        INVALID_STEP_RESULT,
+                        step,
+                        f"{workflow.label(step)}: the step results cannot be saved to suspend",
+                        detail=f"{workflow.label(step)}: {exc}",
+                    ) from None
                 return "suspended"
             stream.append(
                 event_types.RUN_COMPLETED,

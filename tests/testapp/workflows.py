@@ -242,3 +242,20 @@ faults_result = define_workflow(
     idempotency_key=run_key,
     steps=[steps.compute("junk", junk_result), steps.compute("after", record("after"))],
 )
+
+
+def big_result(ctx):
+    return "x" * ctx.event.payload["size"]
+
+
+faults_big_result = define_workflow(
+    name="t-faults-big-result",
+    trigger=on_event("t.faults-big-result"),
+    idempotency_key=run_key,
+    steps=[
+        steps.wait(payload_value("for", "PT0S")),
+        steps.compute("big", big_result),
+        steps.wait("PT1H"),
+        steps.compute("after", record("after")),
+    ],
+)
