@@ -410,3 +410,28 @@ def test_staff_the_callable_does_not_limit_see_all(client, django_user_model, sc
     runs = client.get(reverse(RUNS)).context["cl"].result_list
 
     assert {run.pk for run in runs} == {a.pk, b.pk}
+
+
+def test_cancel_from_the_run_page_asks_then_returns_to_it(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+
+    ask = post_action(client, "cancel_runs", run, _kw_return="1")
+    assert 'name="_kw_return" value="1"' in ask.content.decode()
+    done = post_action(
+        client, "cancel_runs", run, _kw_return="1", kw_confirm="yes", reason="duplicate order"
+    )
+
+    assert done.status_code == 302 and done["Location"] == change_url(run)
+    page = client.get(done["Location"])
+    assert "Cancelled 1 run." in messages_of(page)
+    assert "duplicate order" in page.content.decode()
+
+
+def test_a_waiting_run_without_a_pending_row_says_so(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+    WorkflowRunPending.objects.filter(run_id=run.run_id).delete()
+
+    page = client.get(change_url(run)).content.decode()
+
+    assert "it has no pending row, so no worker will resume it" in page
+    assert "rebuild_workflow_projections --check" in page
