@@ -88,3 +88,13 @@ def test_the_demo_runs_as_a_real_process():
     assert done.stderr == ""
     assert check.returncode == 0, check.stdout + check.stderr
     assert "No differences: 12 run(s) and 0 pending row(s)" in check.stdout
+
+
+@pytest.mark.django_db
+def test_the_demo_fails_loudly_when_runs_do_not_finish():
+    from kumiko_workflows.definition import registry
+
+    with registry.without("order-fulfilment"), pytest.raises(CommandError) as error:
+        demo("--orders", "3")
+
+    assert "3 run(s) had not finished after 45 s" in str(error.value)
