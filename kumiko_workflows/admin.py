@@ -161,6 +161,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
     ordering = ("-updated_at",)
     actions = ["wake_now", "cancel_runs", "retry_failed"]
     change_form_template = "admin/kumiko_workflows/workflowrun/change_form.html"
+    change_list_template = "admin/kumiko_workflows/workflowrun/change_list.html"
     fieldsets = (
         (
             None,
@@ -215,6 +216,27 @@ class WorkflowRunAdmin(WorkflowAdmin):
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return self._has(request, "retry_workflowrun")
+
+    # --- the run list -----------------------------------------------------------
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        from kumiko_workflows.cron import schedule_overview
+
+        tenant = admin_tenant(request)
+        context = dict(extra_context or {})
+        context["kw_schedules"] = [
+            {
+                **row,
+                "last_run_url": self._url(WorkflowRun, row["last_run_id"])
+                if row["last_run_id"]
+                else None,
+            }
+            for row in schedule_overview()
+            if tenant is None or row["tenant_id"] == tenant
+        ]
+        return super().changelist_view(request, context)
 
     # --- the run page ---------------------------------------------------------
 

@@ -435,3 +435,47 @@ def test_a_waiting_run_without_a_pending_row_says_so(client, root, future_iso):
 
     assert "it has no pending row, so no worker will resume it" in page
     assert "rebuild_workflow_projections --check" in page
+
+
+def test_run_list_shows_each_cron_schedule_with_its_last_and_next_slot(
+    client, django_user_model, scoped
+):
+    from datetime import UTC, datetime
+
+    from kumiko_workflows import fire_due_schedules, run_id_for
+    from kumiko_workflows.definition import registry
+    from tests.testapp import cron_workflows as cw
+
+    settings_tenants = "tests.test_admin.two_tenants"
+    with override_cron_tenants(settings_tenants), registry.override(cw.hourly_skip):
+        fire_due_schedules(now=datetime(2026, 1, 5, 9, 30, tzinfo=UTC))  # schedules start
+        fire_due_schedules(now=datetime(2026, 1, 5, 10, 0, 30, tzinfo=UTC))  # the 10:00 slot
+        user = make_user(django_user_model, "alice", *VIEW_PERMS, tenant="acme")
+        client.force_login(user)
+        response = client.get(reverse(RUNS))
+
+    page = response.content.decode()
+    assert "Cron schedules" in page
+    assert cw.hourly_skip.name in page and "acme" in page
+    assert "globex" not in page  # another tenant's schedule stays hidden
+    (schedule,) = response.context["kw_schedules"]
+    assert schedule["last_slot"] == datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+    assert schedule["next_slot"] > datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+    slot_run = run_id_for(cw.hourly_skip.name, "2026-01-05T10:00:00+00:00", "acme")
+    assert reverse("admin:kumiko_workflows_workflowrun_change", args=[slot_run]) in page
+
+
+def two_tenants():
+    return ["acme", "globex"]
+
+
+def override_cron_tenants(path):
+    from django.test import override_settings
+
+    return override_settings(
+        KUMIKO_WORKFLOWS={
+            "DEFAULT_TENANT": "default",
+            "ADMIN_TENANT": "tests.test_admin.tenant_of_user",
+            "CRON_TENANTS": path,
+        }
+    )
