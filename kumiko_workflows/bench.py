@@ -147,6 +147,7 @@ class Bench:
         self.prefix = f"kumiko_bench_{token}"
         self.results: list[Result | Skipped] = []
         self.vendor = connection.vendor
+        production_mode()
 
     # -- helpers ----------------------------------------------------------------
 
@@ -705,7 +706,14 @@ class Bench:
 # --- worker processes (``kumiko_bench --worker MODE``) --------------------------------
 
 
+def production_mode() -> None:
+    """Measure what production runs: no per-query logging of ``DEBUG = True``."""
+    settings.DEBUG = False
+    connection.force_debug_cursor = False
+
+
 def worker_main(mode: str, tenant: str, prefix: str, out: Callable[[str], None]) -> None:
+    production_mode()
     connection.ensure_connection()
     if mode == "loop":
         from django.core.management import call_command

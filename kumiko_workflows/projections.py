@@ -53,6 +53,10 @@ class ProjectionRegistry:
     def unregister(self, name: str) -> None:
         self._projections = [p for p in self._projections if p.name != name]
 
+    def handles(self, event_type: str) -> bool:
+        """Whether any projection handles events of ``event_type``."""
+        return any(projection.handles(event_type) for projection in self._projections)
+
     def dispatch(self, event: Event, *, replaying: bool = False) -> None:
         for projection in self._projections:
             if replaying and not projection.replay:

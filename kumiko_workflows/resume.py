@@ -122,15 +122,30 @@ def _state_problem(state: Any) -> str | None:
     return None
 
 
-def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
+def _wanted_events(row: WorkflowRunPending) -> set[int]:
+    """Ids of the events a resume of ``row`` reads: the trigger and the awaited ones."""
+    state = row.state if isinstance(row.state, dict) else {}  # tampered: resume_row says so
+    awaited = state.get("awaited") or {}
+    ids = [row.trigger_event_id, row.awaited_event_id]
+    ids.extend(awaited.values() if isinstance(awaited, dict) else ())
+    return {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
+
+
+def resume_row(
+    row: WorkflowRunPending,
+    now: datetime,
+    prefetched: dict[int, Event] | None = None,
+) -> tuple[str, bool]:
     """Resume one pending row; return (outcome, claimed).
 
     The outcome is completed, suspended, failed or skipped; ``claimed`` says
-    whether ``workflow.step.resumed`` was appended.
+    whether ``workflow.step.resumed`` was appended. ``prefetched`` holds
+    events (immutable) already loaded for the batch, by id.
 
     Must run inside a transaction that holds the row (the caller's savepoint).
     """
     stream = _stream_for(row)
+    stream.savepoint = False  # the caller's savepoint around this row is unwound on errors
     workflow = registry.get(row.workflow_name)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
         message = _definition_changed(row, stream)
@@ -184,11 +199,11 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
 
     state = row.state or {}
     awaited: dict[str, int | None] = dict(state.get("awaited") or {})
-    wanted = {row.trigger_event_id, *(i for i in awaited.values() if i is not None)}
-    if row.awaited_event_id is not None:
-        wanted.add(row.awaited_event_id)
-    wanted.discard(None)
-    events = {e.id: e for e in Event.objects.filter(pk__in=wanted)}
+    wanted = _wanted_events(row)
+    if prefetched is not None and wanted <= prefetched.keys():
+        events = {i: prefetched[i] for i in wanted}
+    else:
+        events = {e.id: e for e in Event.objects.filter(pk__in=wanted)}
 
     trigger = events.get(row.trigger_event_id) if row.trigger_event_id is not None else None
     if trigger is None:
@@ -326,12 +341,14 @@ def _drain_tenant(
             if connection.features.has_select_for_update_skip_locked:
                 query = query.select_for_update(skip_locked=True)
             rows = list(query[:size])
+            # One query for the trigger and awaited events of the whole batch.
+            prefetched = Event.objects.in_bulk(set().union(*map(_wanted_events, rows)))
             for row in rows:
                 if should_stop():
                     return
                 try:
                     with transaction.atomic():
-                        outcome, claimed = resume_row(row, now)
+                        outcome, claimed = resume_row(row, now, prefetched)
                 except Exception:
                     if _connection_broken():
                         # Every row after this one would fail the same way:

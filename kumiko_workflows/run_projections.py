@@ -10,6 +10,7 @@ NOTIFYs the workers, delivered when the transaction commits.
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +30,14 @@ from kumiko_workflows.models import (
 )
 
 logger = logging.getLogger("kumiko_workflows.projections")
+
+#: (run id, version) of an event about to be appended whose stream has no
+#: pending rows for sure: the stream's previous event was appended by the same
+#: ``RunStream`` in the same transaction and left none (a start, a resume or an
+#: end). Lets the pending projection skip a DELETE that would find nothing.
+pending_cleared: ContextVar[tuple[Any, int] | None] = ContextVar(
+    "kumiko_pending_cleared", default=None
+)
 
 _PENDING_UPDATE_FIELDS = [
     "workflow_name",
@@ -236,9 +245,13 @@ def project_pending(event: Event, replaying: bool) -> None:
         if not replaying:
             notify_due(event.tenant_id)
     elif kind == et.RESUMED or kind in et.TERMINAL:
+        if pending_cleared.get() == (event.aggregate_id, event.version):
+            return  # the stream's previous event, in this transaction, deleted them
+        # One plain DELETE: QuerySet.delete() would build a deletion collector
+        # for a table nothing cascades from, on the hottest path of a resume.
         WorkflowRunPending.objects.filter(
             tenant_id=event.tenant_id, run_id=event.aggregate_id
-        ).delete()
+        )._raw_delete(connection.alias)
 
 
 # --- event wake-up ------------------------------------------------------------

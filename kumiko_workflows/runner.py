@@ -39,7 +39,7 @@ from kumiko_workflows.exceptions import (
 )
 from kumiko_workflows.jsonvalues import NotJSON, to_json
 from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.run_projections import recheck_after_commit
+from kumiko_workflows.run_projections import pending_cleared, recheck_after_commit
 from kumiko_workflows.steps import Branch, Compute, Retry, Step, Wait, WaitForEvent
 from kumiko_workflows.store import append_event
 
@@ -112,6 +112,9 @@ class RunContext:
         return {"results": results, "awaited": dict(self.awaited)}
 
 
+_CLEARS_PENDING = frozenset({event_types.RUN_STARTED, event_types.RESUMED, *event_types.TERMINAL})
+
+
 @dataclass
 class RunStream:
     """The run's event stream, appended at strictly increasing versions."""
@@ -122,6 +125,11 @@ class RunStream:
     version: int
     fingerprint: str
     trigger_event_id: int | None
+    #: False when every append happens inside an atomic block that is unwound
+    #: on any error (the resume row's, the inline start's): no savepoint each.
+    savepoint: bool = True
+    #: Whether this object's last append left the run without pending rows.
+    _no_pending: bool = field(default=False, init=False, repr=False)
 
     @classmethod
     def of_pending(cls, row: Any) -> RunStream:
@@ -136,16 +144,26 @@ class RunStream:
         )
 
     def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
-        event = append_event(
-            self.run_id,
-            event_types.RUN_AGGREGATE_TYPE,
-            type,
-            payload,
-            tenant_id=self.tenant_id,
-            expected_version=self.version,
-            created_by=created_by or "kumiko_workflows",
-        )
+        hint = None
+        if self._no_pending:
+            hint = pending_cleared.set((self.run_id, self.version + 1))
+        try:
+            event = append_event(
+                self.run_id,
+                event_types.RUN_AGGREGATE_TYPE,
+                type,
+                payload,
+                tenant_id=self.tenant_id,
+                expected_version=self.version,
+                created_by=created_by or "kumiko_workflows",
+                savepoint=self.savepoint,
+            )
+        finally:
+            if hint is not None:
+                pending_cleared.reset(hint)
         self.version = event.version
+        # A new stream has no pending rows; a resume or an end deletes them.
+        self._no_pending = type in _CLEARS_PENDING
         return event
 
 
@@ -550,7 +568,10 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         "idempotency_key": key,
         "trigger_event_id": event.id,
     }
-    stream = RunStream(run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id)
+    # Every append below happens in an atomic block that an error unwinds.
+    stream = RunStream(
+        run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id, savepoint=False
+    )
     try:
         with transaction.atomic():
             try:

@@ -1,25 +1,29 @@
 """Appending to and reading from the event store.
 
 ``append_event`` validates its input, inserts one row at the next (or the
-expected) stream version inside a savepoint, and lets the projections see it
-synchronously through ``post_save``; if the version is taken it raises
-:class:`VersionConflict` and the caller's transaction stays usable.
+expected) stream version in one statement, and lets the projections see it
+synchronously through ``post_save`` in the same atomic block; if the version
+is taken it raises :class:`VersionConflict` and the caller's transaction
+stays usable.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import connection, transaction
 from django.db.models import Max
+from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidEvent, VersionConflict
 from kumiko_workflows.jsonvalues import NotJSON, json_size, to_json
 from kumiko_workflows.models import Event
+from kumiko_workflows.projections import registry
 
 _NEXT_VERSION_ATTEMPTS = 3
 
@@ -74,6 +78,7 @@ def append_event(
     created_by: str | None = None,
     event_version: int = 1,
     created_at: datetime | None = None,
+    savepoint: bool = True,
 ) -> Event:
     """Append one event to a stream and project it; return the saved row.
 
@@ -83,6 +88,10 @@ def append_event(
     cases nothing is written. Projections run synchronously in the same
     transaction; if one raises, the append is rolled back and the error
     propagates. ``bulk_create`` and raw SQL bypass the projections.
+
+    ``savepoint=False`` is for callers that run inside an atomic block they
+    unwind on any error (the engine's own run streams): it saves the
+    savepoint round trips, and a failing projection then dooms that block.
     """
     aggregate = _as_uuid(aggregate_id)
     aggregate_type = _name(aggregate_type, "aggregate_type", 100)
@@ -106,56 +115,127 @@ def append_event(
         raise InvalidEvent(f"created_at must be an aware datetime, got {created_at!r}")
     if created_at is not None and (created_at.tzinfo is None or created_at.utcoffset() is None):
         raise InvalidEvent(f"created_at is a naive datetime ({created_at.isoformat()})")
-    if (
-        expected_version
-        and not Event.objects.filter(aggregate_id=aggregate, version=expected_version).exists()
-    ):
-        # Without this, appending past the end would leave a gap in the stream.
-        current = Event.objects.filter(aggregate_id=aggregate).aggregate(v=Max("version"))["v"]
+    event = Event(
+        tenant_id=tenant,
+        aggregate_id=aggregate,
+        aggregate_type=aggregate_type,
+        type=type,
+        event_version=event_version,
+        payload=clean_payload,
+        metadata=clean_metadata,
+        created_by=created_by or "",
+    )
+    if created_at is not None:
+        event.created_at = created_at
+    _insert(event, expected_version, savepoint=savepoint)
+    return event
+
+
+_COLUMNS = (
+    "tenant_id",
+    "aggregate_id",
+    "aggregate_type",
+    "type",
+    "event_version",
+    "payload",
+    "metadata",
+    "created_by",
+    "created_at",
+)
+
+
+def _insert_sql(next_version: bool, check_previous: bool) -> str:
+    """One INSERT that picks (or checks) the version and never raises on a taken one.
+
+    ``ON CONFLICT DO NOTHING`` makes a taken version "no row returned" instead
+    of an error, so no savepoint is needed to keep the caller's transaction
+    usable; the check that the expected version exists (no gaps) rides in the
+    same statement.
+    """
+    table = connection.ops.quote_name(Event._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(c) for c in (*_COLUMNS, "version"))
+    if next_version:
+        version = f"COALESCE((SELECT MAX(version) FROM {table} WHERE aggregate_id = %s), 0) + 1"  # noqa: S608
+    else:
+        version = "%s"
+    where = (
+        f"EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s AND version = %s)"  # noqa: S608
+        if check_previous
+        else "1 = 1"
+    )
+    placeholders = ", ".join(["%s"] * len(_COLUMNS))
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT {placeholders}, {version} "  # noqa: S608
+        f"WHERE {where} ON CONFLICT (aggregate_id, version) DO NOTHING RETURNING id, version"
+    )
+
+
+def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> None:
+    """Insert ``event`` and dispatch ``pre_save``/``post_save`` (the projections).
+
+    The insert and the projections share one atomic block, so a projection
+    that raises takes the row with it. With ``savepoint=False`` that block
+    is the caller's (which must then be unwound when the error propagates,
+    as every engine caller does); with no projection for the type there is
+    nothing to undo and the insert is one statement.
+    """
+    fields = [Event._meta.get_field(name) for name in _COLUMNS]
+    values = [field.get_db_prep_save(field.pre_save(event, True), connection) for field in fields]
+    aggregate = values[1]
+    if expected_version is None:
+        sql, params = _insert_sql(True, False), [*values, aggregate]
+    elif expected_version == 0:
+        sql, params = _insert_sql(False, False), [*values, 1]
+    else:
+        sql = _insert_sql(False, True)
+        params = [*values, expected_version + 1, aggregate, expected_version]
+    if expected_version is not None:
+        event.version = expected_version + 1
+    projected = registry.handles(event.type)
+    attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
+    pre_save.send(
+        sender=Event, instance=event, raw=False, using=connection.alias, update_fields=None
+    )
+    for _ in range(attempts):
+        block = transaction.atomic(savepoint=savepoint) if projected else nullcontext()
+        with block:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+            if row is None:
+                continue
+            event.pk, event.version = row
+            event._state.adding = False
+            event._state.db = connection.alias
+            post_save.send(
+                sender=Event,
+                instance=event,
+                created=True,
+                update_fields=None,
+                raw=False,
+                using=connection.alias,
+            )
+            return
+    current = Event.objects.filter(aggregate_id=event.aggregate_id).aggregate(v=Max("version"))["v"]
+    if expected_version is None:
         raise VersionConflict(
-            f"stream {aggregate} is at version {current or 0}, not at the expected "
+            f"stream {event.aggregate_id} already has version {current}",
+            aggregate_id=event.aggregate_id,
+            expected_version=(current or 1) - 1,
+        )
+    if not Event.objects.filter(aggregate_id=event.aggregate_id, version=expected_version).exists():
+        # Appending past the end would leave a gap in the stream.
+        raise VersionConflict(
+            f"stream {event.aggregate_id} is at version {current or 0}, not at the expected "
             f"version {expected_version}",
-            aggregate_id=aggregate,
+            aggregate_id=event.aggregate_id,
             expected_version=expected_version,
         )
-
-    attempts = 1 if expected_version is not None else _NEXT_VERSION_ATTEMPTS
-    for attempt in range(1, attempts + 1):
-        if expected_version is None:
-            current = Event.objects.filter(aggregate_id=aggregate).aggregate(v=Max("version"))["v"]
-            version = (current or 0) + 1
-        else:
-            version = expected_version + 1
-        event = Event(
-            tenant_id=tenant,
-            aggregate_id=aggregate,
-            aggregate_type=aggregate_type,
-            version=version,
-            type=type,
-            event_version=event_version,
-            payload=clean_payload,
-            metadata=clean_metadata,
-            created_by=created_by or "",
-        )
-        if created_at is not None:
-            event.created_at = created_at
-        try:
-            with transaction.atomic():
-                event.save()
-        except IntegrityError:
-            # Projections mark the row once it is inserted: an IntegrityError
-            # raised after that is theirs, not a version conflict.
-            if getattr(event, "_kw_inserted", False):
-                raise
-            if attempt == attempts:
-                raise VersionConflict(
-                    f"stream {aggregate} already has version {version}",
-                    aggregate_id=aggregate,
-                    expected_version=version - 1,
-                ) from None
-            continue
-        return event
-    raise AssertionError("unreachable")  # pragma: no cover
+    raise VersionConflict(
+        f"stream {event.aggregate_id} already has version {expected_version + 1}",
+        aggregate_id=event.aggregate_id,
+        expected_version=expected_version,
+    )
 
 
 def load_stream(aggregate_id: uuid.UUID | str) -> list[Event]:
