@@ -572,7 +572,8 @@ class Bench:
             )
         )
         self.out(f"SCAN ms={ms:.3f} index={'yes' if uses_index else 'no'}")
-        if not uses_index:
+        if not uses_index and not_due >= 100_000:
+            # (On a small table the planner rightly prefers a sequential scan.)
             raise RuntimeError("the due query does not use the kw_pending_due index")
 
     def scenario_wake(self) -> None:
