@@ -25,13 +25,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.definition import CronTrigger, Workflow, registry, run_id_for
-from kumiko_workflows.exceptions import VersionConflict
+from kumiko_workflows.exceptions import ScheduleError, VersionConflict
 from kumiko_workflows.models import Event
 
 logger = logging.getLogger("kumiko_workflows.cron")
@@ -350,9 +350,24 @@ def fire_due_schedules(now: datetime | None = None) -> int:
     if not workflows:
         return 0
     started = 0
+    failures: list[Exception] = []
     for tenant in cron_tenants():
         for workflow in workflows:
-            started += fire_schedule(Schedule.load(workflow, tenant), moment)
+            try:
+                started += fire_schedule(Schedule.load(workflow, tenant), moment)
+            except (InterfaceError, OperationalError):
+                raise  # the database is gone: no other schedule can fire either
+            except Exception as exc:
+                # One broken schedule must not keep the others from firing.
+                logger.exception(
+                    "workflow=%s tenant=%s schedule could not fire", workflow.name, tenant
+                )
+                failures.append(exc)
+    if failures:
+        raise ScheduleError(
+            f"{len(failures)} cron schedule(s) could not fire (see the log); "
+            f"{started} run(s) started"
+        ) from failures[0]
     return started
 
 

@@ -67,3 +67,11 @@ class RunNotFound(WorkflowError, LookupError):
 
 class RunNotRetryable(WorkflowError):
     """The run cannot be retried."""
+
+
+class ScheduleError(WorkflowError):
+    """A cron schedule could not fire."""
+
+
+class InvalidArgument(WorkflowError, ValueError):
+    """An argument is invalid."""

@@ -40,7 +40,12 @@ _MAX_BACKOFF = 30.0
 class PassResult:
     report: ResumeReport
     fired: int = 0
+    cron_errors: int = 0
     started_at: datetime = field(default_factory=timezone.now)
+
+    @property
+    def errors(self) -> int:
+        return self.report.errors + self.cron_errors
 
     def __str__(self) -> str:
         return f"{self.report} fired={self.fired}"
@@ -124,11 +129,18 @@ class Worker:
     # -- one pass ----------------------------------------------------------------
 
     def run_once(self, now: datetime | None = None) -> PassResult:
-        fired = 0
+        fired = cron_errors = 0
         if self.cron:
             from kumiko_workflows.cron import fire_due_schedules
 
-            fired = fire_due_schedules(now=now)
+            try:
+                fired = fire_due_schedules(now=now)
+            except CONNECTION_ERRORS:
+                raise
+            except Exception:
+                # A bad schedule or CRON_TENANTS setting must not stop resuming.
+                logger.exception("cron schedules could not be fired")
+                cron_errors = 1
         limit = self.limit
         if self.max_runs is not None:
             left = self.max_runs - self.processed
@@ -147,7 +159,8 @@ class Worker:
                 setattr(report, key, getattr(report, key) + value)
         self.processed += report.processed
         self.errors += report.errors
-        result = PassResult(report, fired)
+        self.errors += cron_errors
+        result = PassResult(report, fired, cron_errors)
         self.on_pass(result)
         return result
 
@@ -172,6 +185,14 @@ class Worker:
                         backoff,
                     )
                     self._reset_connection(listener)
+                    self._sleep(backoff, None)
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    continue
+                except Exception:
+                    # Not a row's error (those are counted per row): the pass
+                    # itself broke. Keep the worker alive, loudly.
+                    logger.exception("resume pass failed; retrying in %.0fs", backoff)
+                    self.errors += 1
                     self._sleep(backoff, None)
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                     continue

@@ -181,3 +181,19 @@ def test_four_workers_race_one_is_killed_and_every_run_resumes_exactly_once(past
     # The step after the wait wrote its domain event exactly once per run.
     after = Event.objects.filter(type="t.recorded", payload__step="after")
     assert after.count() == runs
+
+
+def test_a_broken_cron_setting_is_loud_but_does_not_stop_resuming(past, settings):
+    from django.core.management import CommandError, call_command
+
+    from kumiko_workflows.definition import registry
+    from tests.testapp import cron_workflows as cw
+
+    event = trigger("t.wait", **{"for": past})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    settings.KUMIKO_WORKFLOWS = {"CRON_TENANTS": "tests.nowhere.tenants"}
+
+    with registry.override(cw.hourly_skip), pytest.raises(CommandError, match="1 cron pass"):
+        call_command("resume_due_runs", verbosity=0)
+
+    assert types_of(run_id)[-1] == et.RUN_COMPLETED

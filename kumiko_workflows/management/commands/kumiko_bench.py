@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from kumiko_workflows.management.commands.resume_due_runs import positive_int
+from kumiko_workflows.management.arguments import positive_int
 
 
 class Command(BaseCommand):

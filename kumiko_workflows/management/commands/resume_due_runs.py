@@ -3,36 +3,16 @@
 from __future__ import annotations
 
 import logging
-from argparse import ArgumentTypeError
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError
 
-from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.management.arguments import positive_float, positive_int
 from kumiko_workflows.worker import PassResult, Worker
 
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise ArgumentTypeError(f"{text!r}: must be greater than 0")
-    return value
 
 
 class Command(BaseCommand):
@@ -66,7 +46,7 @@ class Command(BaseCommand):
             metavar="S",
             help=(
                 "With --loop, the longest sleep between passes in seconds. Default: "
-                "KUMIKO_WORKFLOWS['WORKER_INTERVAL'] (%(default)s = from settings)."
+                "KUMIKO_WORKFLOWS['WORKER_INTERVAL'] (5 unless set)."
             ),
         )
         parser.add_argument(
@@ -84,14 +64,23 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         package_logger = logging.getLogger("kumiko_workflows")
+        previous_level = package_logger.level
         package_logger.setLevel(_LEVELS.get(options["verbosity"], logging.DEBUG))
+        handler = None
         if not package_logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(self.stderr._out)
+            handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(
                 logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
             )
             package_logger.addHandler(handler)
+        try:
+            self._run(options)
+        finally:
+            package_logger.setLevel(previous_level)
+            if handler is not None:
+                package_logger.removeHandler(handler)
 
+    def _run(self, options: dict[str, Any]) -> None:
         verbosity = options["verbosity"]
 
         def report(result: PassResult) -> None:
@@ -103,11 +92,13 @@ class Command(BaseCommand):
                     f"resume_due_runs: {result.report.errors} run(s) could not be resumed; "
                     "see the log for each"
                 )
+            if result.cron_errors:
+                self.stderr.write("resume_due_runs: cron schedules could not fire; see the log")
 
         worker = Worker(
             tenants=options["tenants"],
             limit=options["limit"],
-            interval=options["interval"] or workflow_settings.WORKER_INTERVAL,
+            interval=options["interval"],
             max_runs=options["max_runs"] if options["loop"] else None,
             cron=options["cron"],
             on_pass=report,
@@ -116,10 +107,15 @@ class Command(BaseCommand):
             worker.run_forever()
             if verbosity >= 1:
                 self.stdout.write(f"resume_due_runs: stopped after {worker.processed} run(s)")
+            if worker.errors:
+                raise CommandError(f"the worker met {worker.errors} error(s); see the log")
             return
         try:
             result = worker.run_once()
         except (DatabaseError, InterfaceError) as exc:
             raise CommandError(f"the database is unavailable: {exc}".strip()) from exc
-        if result.report.errors:
-            raise CommandError(f"{result.report.errors} run(s) hit an error and were not resumed")
+        if result.errors:
+            raise CommandError(
+                f"{result.report.errors} run(s) could not be resumed and "
+                f"{result.cron_errors} cron pass(es) failed; see the log"
+            )

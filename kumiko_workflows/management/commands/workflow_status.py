@@ -16,14 +16,8 @@ from django.db.models import Count
 from django.utils import timezone
 
 from kumiko_workflows.explain import humanize, step_label
+from kumiko_workflows.management.arguments import positive_int
 from kumiko_workflows.models import RunStatus, WorkflowRun, WorkflowRunPending
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
 
 
 def status_report(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from argparse import ArgumentTypeError
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +28,7 @@ from kumiko_workflows import append_event, cancel_run, resume_due_runs, run_id_f
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.explain import timeline
+from kumiko_workflows.management.arguments import positive_int
 from kumiko_workflows.models import SETTLED_STATUSES, Event, RunStatus, WorkflowRun
 from kumiko_workflows.progress import Progress
 
@@ -73,10 +75,10 @@ MIX = [
 ]
 
 
-def positive_int(value: str) -> int:
-    number = int(value)
-    if not 1 <= number <= 1000:
-        raise ValueError(value)
+def order_count(text: str) -> int:
+    number = positive_int(text)
+    if number > 1000:
+        raise ArgumentTypeError(f"{text!r}: at most 1000 orders")
     return number
 
 
@@ -120,7 +122,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--orders",
-            type=positive_int,
+            type=order_count,
             default=36,
             help="how many orders to place, 1-1000 (default: %(default)s)",
         )
