@@ -271,7 +271,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
             )
             buttons.append(("wake_now", "Wake now", note))
         if "retry_failed" in allowed and run.status == RunStatus.FAILED:
-            buttons.append(("retry_failed", "Retry", "Re-enters the step that failed."))
+            buttons.append(
+                ("retry_failed", "Retry", "Runs again from where the failed attempt began.")
+            )
         if "cancel_runs" in allowed and run.status not in SETTLED_STATUSES:
             buttons.append(("cancel_runs", "Cancel…", "Asks for a reason first."))
         return buttons
@@ -368,7 +370,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
             request, "admin/kumiko_workflows/workflowrun/cancel_confirmation.html", context
         )
 
-    @admin.action(permissions=["retry"], description="Retry failed runs from the step that failed")
+    @admin.action(
+        permissions=["retry"], description="Retry failed runs from where the failed attempt began"
+    )
     def retry_failed(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         retried = skipped = 0
         refused: list[str] = []
@@ -396,7 +400,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
             request,
             queryset,
             retried,
-            "Retried {runs}: the next worker pass re-enters the failed step.",
+            "Retried {runs}: the next worker pass runs each from where its failed attempt began.",
             skipped,
             "not failed",
         )

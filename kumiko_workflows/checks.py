@@ -17,7 +17,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     errors: list[checks.CheckMessage] = []
     raw = getattr(settings, "KUMIKO_WORKFLOWS", {})
     if not isinstance(raw, dict):
-        return [checks.Error("KUMIKO_WORKFLOWS must be a dict.", id="kumiko_workflows.E020")]
+        return [
+            checks.Error(
+                "KUMIKO_WORKFLOWS must be a dict.",
+                hint='For example KUMIKO_WORKFLOWS = {"DEFAULT_TENANT": "default"}.',
+                id="kumiko_workflows.E020",
+            )
+        ]
     for key in sorted(set(raw) - set(DEFAULTS)):
         errors.append(
             checks.Error(
@@ -50,6 +56,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             checks.Error(
                 f"KUMIKO_WORKFLOWS['DEFAULT_TENANT'] must be a string of 1-100 characters, "
                 f"got {tenant!r}.",
+                hint=f"The default is {DEFAULTS['DEFAULT_TENANT']!r}.",
                 id="kumiko_workflows.E023",
             )
         )

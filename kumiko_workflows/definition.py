@@ -40,6 +40,10 @@ from kumiko_workflows.steps import (
 logger = logging.getLogger("kumiko_workflows.definition")
 
 CATCH_UP_POLICIES = ("skip", "latest", "all")
+DURATION_HINT = (
+    "Give an ISO 8601 duration (PT90S, P1DT2H), an instant with an offset "
+    "(2026-01-31T09:00:00Z), a timedelta or an aware datetime."
+)
 _RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-run")
 
 
@@ -193,7 +197,7 @@ def validate(workflow: Workflow) -> list[Problem]:
             add("E008", problem, "Use a 5-field cron expression and an IANA time zone.")
         if workflow.idempotency_key is not None:
             add(
-                "E008",
+                "E009",
                 "a cron workflow's runs are keyed by their slot instant, so idempotency_key "
                 "would be ignored",
                 "Remove idempotency_key from this on_cron workflow.",
@@ -227,7 +231,7 @@ def validate(workflow: Workflow) -> list[Problem]:
                 )
             seen[result_name] = where
         if isinstance(step, Wait) and _is_static(step.for_):
-            _check_time(add, where, "for_", step.for_, required=True)
+            _check_time(add, where, "for_", step.for_)
         if isinstance(step, WaitForEvent):
             if step.awaits_key not in workflow.awaits:
                 declared = ", ".join(sorted(workflow.awaits)) or "none"
@@ -243,7 +247,7 @@ def validate(workflow: Workflow) -> list[Problem]:
                 except InvalidMatchExpression as exc:
                     add("E002", f"{where}: {exc}", "See the match expression grammar in README.")
             if step.timeout is not None and _is_static(step.timeout):
-                _check_time(add, where, "timeout", step.timeout, required=True)
+                _check_time(add, where, "timeout", step.timeout)
         if isinstance(step, Retry):
             for inner_path, inner in iter_steps(step.do, (*path, "do")):
                 if inner.suspends:
@@ -256,11 +260,16 @@ def validate(workflow: Workflow) -> list[Problem]:
             if _is_static(step.times) and (
                 isinstance(step.times, bool) or not isinstance(step.times, int) or step.times < 1
             ):
-                add("E004", f"{where}: times must be an integer >= 1, got {step.times!r}")
+                add(
+                    "E004",
+                    f"{where}: times must be an integer >= 1, got {step.times!r}",
+                    "times counts all attempts, the first included.",
+                )
             if _is_static(step.backoff) and step.backoff not in BACKOFFS:
                 add(
                     "E005",
                     f"{where}: backoff must be 'linear' or 'exponential', got {step.backoff!r}",
+                    "linear waits base × attempt; exponential waits base × 2^(attempt-1).",
                 )
             for arg in ("base_delay", "max_delay"):
                 value = getattr(step, arg)
@@ -268,7 +277,7 @@ def validate(workflow: Workflow) -> list[Problem]:
                     try:
                         durations.as_delay(value)
                     except InvalidDuration as exc:
-                        add("E006", f"{where}: {arg}={value!r} is invalid: {exc}")
+                        add("E006", f"{where}: {arg}={value!r} is invalid: {exc}", DURATION_HINT)
             if not step.do:
                 add("E013", f"{where} has an empty body", "Give retry(do=[...]) a step.")
     return problems
@@ -287,11 +296,11 @@ def _callables(workflow: Workflow) -> Iterator[tuple[str, Any]]:
                 yield f"step {path_text(path)} ({step.label()}) {arg}", value
 
 
-def _check_time(add: Callable[..., None], where: str, arg: str, value: Any, required: bool) -> None:
+def _check_time(add: Callable[..., None], where: str, arg: str, value: Any) -> None:
     try:
         durations.check_static(value)
     except InvalidDuration as exc:
-        add("E006", f"{where}: {arg}={value!r} is invalid: {exc}")
+        add("E006", f"{where}: {arg}={value!r} is invalid: {exc}", DURATION_HINT)
 
 
 # --- definitions ----------------------------------------------------------

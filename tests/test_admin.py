@@ -261,8 +261,9 @@ def test_retry_reenters_the_failed_step(client, root):
 
     response = post_action(client, "retry_failed", failed)
 
-    assert "Retried 1 run: the next worker pass re-enters the failed step." in messages_of(
-        client.get(response["Location"])
+    assert (
+        "Retried 1 run: the next worker pass runs each from where its failed attempt began."
+        in messages_of(client.get(response["Location"]))
     )
     rerun = Event.objects.get(aggregate_id=failed.run_id, type=et.RERUN_REQUESTED)
     assert rerun.payload["step"] == "0" and rerun.payload["by"] == "admin:root"

@@ -320,8 +320,11 @@ def test_system_check_reports_every_problem_with_its_hint():
         ("kumiko_workflows.E001", "Declare it: define_workflow(awaits={key: 'event.type'})."),
         ("kumiko_workflows.E002", "See the match expression grammar in README."),
         ("kumiko_workflows.E003", "Move waits out of retry(do=[...])."),
-        ("kumiko_workflows.E004", None),
-        ("kumiko_workflows.E005", None),
+        ("kumiko_workflows.E004", "times counts all attempts, the first included."),
+        (
+            "kumiko_workflows.E005",
+            "linear waits base × attempt; exponential waits base × 2^(attempt-1).",
+        ),
     ]
 
 
@@ -890,7 +893,7 @@ def test_validate_raises_only_invalid_match_and_matches_never_raises(expression,
 
 
 def test_cron_workflow_with_an_idempotency_key_is_refused():
-    with pytest.raises(WorkflowDefinitionError, match=r"E008.*keyed by their slot"):
+    with pytest.raises(WorkflowDefinitionError, match=r"E009.*keyed by their slot"):
         define_workflow(
             name="cron-with-key",
             trigger=on_cron("0 9 * * *"),

@@ -17,7 +17,7 @@ from kumiko_workflows.rebuild import RebuildResult, rebuild
 
 class Command(BaseCommand):
     help = (
-        "Rebuild the workflow_run and workflow_run_pending tables from the event store, in "
+        "Rebuild the WorkflowRun and WorkflowRunPending tables from the event store, in "
         "one transaction (writers to them wait). With --check, change nothing: compare the "
         "tables with the events, print the differences and exit 1 if there are any."
     )
