@@ -217,24 +217,25 @@ class Schedule:
 
 
 def _append(schedule: Schedule, type: str, payload: dict[str, Any]) -> Event:
-    from kumiko_workflows.store import append_event
+    from kumiko_workflows.store import append_event, engine_stream
 
     trigger = schedule.trigger
-    return append_event(
-        schedule.stream_id,
-        et.SCHEDULE_AGGREGATE_TYPE,
-        type,
-        {
-            "workflow_name": schedule.workflow.name,
-            "expression": trigger.expression,
-            "timezone": trigger.timezone,
-            "catch_up": trigger.catch_up,
-            **payload,
-        },
-        tenant_id=schedule.tenant_id,
-        expected_version=schedule.version,
-        created_by=_CREATED_BY,
-    )
+    with engine_stream():
+        return append_event(
+            schedule.stream_id,
+            et.SCHEDULE_AGGREGATE_TYPE,
+            type,
+            {
+                "workflow_name": schedule.workflow.name,
+                "expression": trigger.expression,
+                "timezone": trigger.timezone,
+                "catch_up": trigger.catch_up,
+                **payload,
+            },
+            tenant_id=schedule.tenant_id,
+            expected_version=schedule.version,
+            created_by=_CREATED_BY,
+        )
 
 
 def due_slots(schedule: Schedule, now: datetime) -> list[datetime]:

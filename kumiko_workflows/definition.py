@@ -20,6 +20,7 @@ from typing import Any
 
 from kumiko_workflows import durations, matching
 from kumiko_workflows.exceptions import (
+    InvalidArgument,
     InvalidDuration,
     InvalidMatchExpression,
     RegistryNotReady,
@@ -561,7 +562,7 @@ def run_id_for(workflow_name: str, idempotency_key: Any, tenant_id: str | None =
     if tenant_id is None:
         tenant_id = workflow_settings.DEFAULT_TENANT
     if isinstance(idempotency_key, bool) or not isinstance(idempotency_key, str | int | uuid.UUID):
-        raise WorkflowDefinitionError(
+        raise InvalidArgument(
             f"idempotency key must be a string (or int/UUID), got {idempotency_key!r}"
         )
     return uuid.uuid5(_RUN_NAMESPACE, f"{tenant_id}\x1f{workflow_name}\x1f{idempotency_key}")

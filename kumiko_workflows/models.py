@@ -212,3 +212,9 @@ class WorkflowRunPending(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow_name} {self.run_id} at step {self.step} ({self.suspension_type})"
+
+    def awaited_refs(self) -> dict[str, Any]:
+        """Awaited events the run already took, by awaits key (ids, or None)."""
+        state = self.state if isinstance(self.state, dict) else {}
+        awaited = state.get("awaited")
+        return awaited if isinstance(awaited, dict) else {}

@@ -23,7 +23,12 @@ from django.utils import timezone
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import parse_path, registry
-from kumiko_workflows.exceptions import RunNotFound, RunNotRetryable, VersionConflict
+from kumiko_workflows.exceptions import (
+    InvalidArgument,
+    RunNotFound,
+    RunNotRetryable,
+    VersionConflict,
+)
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
     Event,
@@ -43,6 +48,7 @@ from kumiko_workflows.runner import (
     RunStream,
     fail_run,
     look_back,
+    look_back_floor,
     run_segment,
 )
 from kumiko_workflows.steps import Retry, Wait, WaitForEvent
@@ -82,17 +88,6 @@ class ResumeReport:
 
     def __str__(self) -> str:
         return " ".join(f"{key}={value}" for key, value in self.as_dict().items())
-
-
-def _stream_for(row: WorkflowRunPending) -> RunStream:
-    return RunStream(
-        row.run_id,
-        row.tenant_id,
-        row.workflow_name,
-        row.run_version,
-        row.definition_fingerprint,
-        row.trigger_event_id,
-    )
 
 
 def _definition_changed(row: WorkflowRunPending, stream: RunStream) -> str:
@@ -144,7 +139,7 @@ def resume_row(
 
     Must run inside a transaction that holds the row (the caller's savepoint).
     """
-    stream = _stream_for(row)
+    stream = RunStream.of_pending(row)
     stream.savepoint = False  # the caller's savepoint around this row is unwound on errors
     workflow = registry.get(row.workflow_name)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
@@ -203,7 +198,7 @@ def resume_row(
     if prefetched is not None and wanted <= prefetched.keys():
         events = {i: prefetched[i] for i in wanted}
     else:
-        events = {e.id: e for e in Event.objects.filter(pk__in=wanted)}
+        events = Event.objects.filter(tenant_id=row.tenant_id).in_bulk(wanted)
 
     trigger = events.get(row.trigger_event_id) if row.trigger_event_id is not None else None
     if trigger is None:
@@ -250,7 +245,11 @@ def resume_row(
             # Timed out: an event committed while the run was suspending may
             # have missed the row, so look once more before giving up on it.
             awaited_event = look_back(
-                row.tenant_id, row.wait_event_type, row.match_expr, trigger.id
+                row.tenant_id,
+                row.wait_event_type,
+                row.match_expr,
+                look_back_floor(trigger.id, awaited),
+                until=row.timeout_at,
             )
         ctx.steps[row.awaits_key] = awaited_event.payload if awaited_event else None
         ctx.awaited[row.awaits_key] = awaited_event.id if awaited_event else None
@@ -301,13 +300,16 @@ def resume_due_runs(
     counted in ``errors`` and does not stop the others. ``now`` defaults to
     the current time; ``should_stop`` is polled between rows.
     """
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+    # Rows due at the pass's start are picked; each runs at its own moment, so
+    # waits and backoffs it starts are not shortened by a long pass.
+    clock = (lambda: now) if now is not None else timezone.now
     now = now or timezone.now()
     report = ResumeReport()
     tenants = [tenant_id] if tenant_id is not None else due_tenants(now)
     for tenant in tenants:
-        _drain_tenant(tenant, now, report, limit, should_stop or (lambda: False))
+        _drain_tenant(tenant, now, clock, report, limit, should_stop or (lambda: False))
         if should_stop and should_stop():
             break
     return report
@@ -322,6 +324,7 @@ def _connection_broken() -> bool:
 def _drain_tenant(
     tenant: str,
     now: datetime,
+    clock: Callable[[], datetime],
     report: ResumeReport,
     limit: int | None,
     should_stop: Callable[[], bool],
@@ -342,13 +345,15 @@ def _drain_tenant(
                 query = query.select_for_update(skip_locked=True)
             rows = list(query[:size])
             # One query for the trigger and awaited events of the whole batch.
-            prefetched = Event.objects.in_bulk(set().union(*map(_wanted_events, rows)))
+            prefetched = Event.objects.filter(tenant_id=tenant).in_bulk(
+                set().union(*map(_wanted_events, rows))
+            )
             for row in rows:
                 if should_stop():
                     return
                 try:
                     with transaction.atomic():
-                        outcome, claimed = resume_row(row, now, prefetched)
+                        outcome, claimed = resume_row(row, clock(), prefetched)
                 except Exception:
                     if _connection_broken():
                         # Every row after this one would fail the same way:
@@ -418,7 +423,7 @@ def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> b
     Raises :class:`RunNotFound` for an unknown id.
     """
     if not isinstance(reason, str) or not reason.strip():
-        raise ValueError("cancel_run() needs a reason (a non-empty string)")
+        raise InvalidArgument("cancel_run() needs a reason (a non-empty string)")
     return _append_to_run(
         run_id,
         lambda run: run.status not in SETTLED_STATUSES,

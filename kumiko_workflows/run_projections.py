@@ -21,6 +21,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows import matching
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import registry
+from kumiko_workflows.exceptions import VersionConflict
 from kumiko_workflows.models import (
     Event,
     RunStatus,
@@ -175,7 +176,7 @@ def project_run_status(event: Event, replaying: bool) -> None:
         return
     fields = _status_fields(event)
     if fields is not None:
-        WorkflowRun.objects.filter(run_id=event.aggregate_id).update(
+        WorkflowRun.objects.filter(tenant_id=event.tenant_id, run_id=event.aggregate_id).update(
             version=event.version, updated_at=event.created_at, **fields
         )
 
@@ -317,7 +318,9 @@ def project_wakeup(event: Event, replaying: bool) -> None:
         awaited_event_id=event.id, wake_at=event.created_at, due_since=event.created_at
     )
     run_ids = WorkflowRunPending.objects.filter(pk__in=woken).values("run_id")
-    WorkflowRun.objects.filter(run_id__in=run_ids).update(wake_at=event.created_at)
+    WorkflowRun.objects.filter(tenant_id=event.tenant_id, run_id__in=run_ids).update(
+        wake_at=event.created_at
+    )
     if not replaying:
         notify_due(event.tenant_id)
 
@@ -339,7 +342,7 @@ def recheck_after_commit(
         return
 
     def recheck() -> None:
-        from kumiko_workflows.runner import RunStream, look_back
+        from kumiko_workflows.runner import RunStream, look_back, look_back_floor
 
         try:
             with transaction.atomic():
@@ -362,19 +365,27 @@ def recheck_after_commit(
                         found = event if _satisfies(row, event, after_trigger=False) else None
                     else:
                         found = look_back(
-                            tenant_id, event_type, row.match_expr, row.trigger_event_id or 0
+                            tenant_id,
+                            event_type,
+                            row.match_expr,
+                            look_back_floor(row.trigger_event_id, row.awaited_refs()),
+                            until=row.timeout_at,
                         )
                     if found is None:
                         continue
-                    RunStream.of_pending(row).append(
-                        et.WAKE_REQUESTED,
-                        {
-                            "workflow_name": row.workflow_name,
-                            "step": row.step,
-                            "by": "kumiko_workflows",
-                            "awaited_event_id": found.id,
-                        },
-                    )
+                    try:
+                        with transaction.atomic():
+                            RunStream.of_pending(row).append(
+                                et.WAKE_REQUESTED,
+                                {
+                                    "workflow_name": row.workflow_name,
+                                    "step": row.step,
+                                    "by": "kumiko_workflows",
+                                    "awaited_event_id": found.id,
+                                },
+                            )
+                    except VersionConflict:
+                        continue  # the run moved on meanwhile (resumed, cancelled)
         except Exception:
             logger.exception(
                 "tenant=%s event_type=%s re-check for awaited events failed", tenant_id, event_type
@@ -384,8 +395,12 @@ def recheck_after_commit(
 
 
 def _satisfies(row: WorkflowRunPending, event: Event, *, after_trigger: bool = True) -> bool:
-    """Whether ``event`` passes the row's match (and came after the run's trigger)."""
-    if after_trigger and event.id <= (row.trigger_event_id or 0):
+    """Whether ``event`` can end the row's wait: in time, new to the run, and matching."""
+    from kumiko_workflows.runner import look_back_floor
+
+    if row.timeout_at is not None and event.created_at > row.timeout_at:
+        return False  # too late: the wait timed out first, however late the worker is
+    if after_trigger and event.id <= look_back_floor(row.trigger_event_id, row.awaited_refs()):
         return False
     expression = None if row.match_expr is None else matching.validate(row.match_expr)
     return matching.matches(expression, event.payload)

@@ -41,7 +41,7 @@ from kumiko_workflows.jsonvalues import NotJSON, to_json
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.run_projections import pending_cleared, recheck_after_commit
 from kumiko_workflows.steps import Branch, Compute, Retry, Step, Wait, WaitForEvent
-from kumiko_workflows.store import append_event
+from kumiko_workflows.store import append_event, engine_stream
 
 logger = logging.getLogger("kumiko_workflows.runner")
 
@@ -148,16 +148,17 @@ class RunStream:
         if self._no_pending:
             hint = pending_cleared.set((self.run_id, self.version + 1))
         try:
-            event = append_event(
-                self.run_id,
-                event_types.RUN_AGGREGATE_TYPE,
-                type,
-                payload,
-                tenant_id=self.tenant_id,
-                expected_version=self.version,
-                created_by=created_by or "kumiko_workflows",
-                savepoint=self.savepoint,
-            )
+            with engine_stream():
+                event = append_event(
+                    self.run_id,
+                    event_types.RUN_AGGREGATE_TYPE,
+                    type,
+                    payload,
+                    tenant_id=self.tenant_id,
+                    expected_version=self.version,
+                    created_by=created_by or "kumiko_workflows",
+                    savepoint=self.savepoint,
+                )
         finally:
             if hint is not None:
                 pending_cleared.reset(hint)
@@ -317,7 +318,12 @@ class Executor:
                     path, INVALID_STEP_ARGUMENT, f"timeout={timeout!r}: {exc}"
                 ) from None
         event_type = self.workflow.awaits[step.awaits_key]
-        found = look_back(self.ctx.tenant_id, event_type, match, self.ctx.event.id)
+        found = look_back(
+            self.ctx.tenant_id,
+            event_type,
+            match,
+            look_back_floor(self.ctx.event.id, self.ctx.awaited),
+        )
         if found is not None:
             self.ctx.steps[step.awaits_key] = found.payload
             self.ctx.awaited[step.awaits_key] = found.id
@@ -410,14 +416,44 @@ class Executor:
         self.ctx.retry_attempt = 1
 
 
+def look_back_floor(trigger_event_id: int | None, awaited: Mapping[str, Any]) -> int:
+    """The id an awaited event must follow: the trigger's, or a later awaited one's.
+
+    So a second wait for the same event type never takes the event an
+    earlier wait of the run already took.
+    """
+    ids = [i for i in (awaited or {}).values() if isinstance(i, int)]
+    return max([trigger_event_id or 0, *ids])
+
+
 def look_back(
-    tenant_id: str, event_type: str, match: dict[str, Any] | None, after_id: int
+    tenant_id: str,
+    event_type: str,
+    match: dict[str, Any] | None,
+    after_id: int,
+    until: datetime | None = None,
 ) -> Event | None:
-    """The earliest event of ``event_type`` in the tenant after ``after_id`` that matches."""
-    candidates = Event.objects.of_type_after(tenant_id, event_type, after_id).only("id", "payload")
-    for event in candidates[:LOOK_BACK_LIMIT].iterator(chunk_size=200):
+    """The earliest matching event of ``event_type`` in the tenant after ``after_id``.
+
+    ``until`` (a wait's timeout) excludes events appended after it: an event
+    that came too late does not count, however late the worker runs.
+    """
+    candidates = Event.objects.of_type_after(tenant_id, event_type, after_id)
+    if until is not None:
+        candidates = candidates.filter(created_at__lte=until)
+    scanned = 0
+    for event in candidates.only("id", "payload")[:LOOK_BACK_LIMIT].iterator(chunk_size=200):
+        scanned += 1
         if matching.matches(match, event.payload):
             return event
+    if scanned >= LOOK_BACK_LIMIT:
+        logger.warning(
+            "tenant=%s event_type=%s look-back gave up after %d candidate events; "
+            "the wait relies on the wake-up from here on",
+            tenant_id,
+            event_type,
+            LOOK_BACK_LIMIT,
+        )
     return None
 
 

@@ -10,8 +10,9 @@ stays usable.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.db.models.signals import post_save, pre_save
 
+from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidEvent, VersionConflict
 from kumiko_workflows.jsonvalues import NotJSON, json_size, to_json
@@ -26,6 +28,21 @@ from kumiko_workflows.models import Event
 from kumiko_workflows.projections import registry
 
 _NEXT_VERSION_ATTEMPTS = 3
+
+#: Streams only the engine writes: an event appended there by anyone else
+#: would move the stream's version under a suspended run and strand it.
+RESERVED_AGGREGATE_TYPES = frozenset({et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE})
+_engine_writing: ContextVar[bool] = ContextVar("kumiko_workflows_engine_writing", default=False)
+
+
+@contextmanager
+def engine_stream() -> Iterator[None]:
+    """Let the engine append to its reserved streams (runs, cron schedules)."""
+    token = _engine_writing.set(True)
+    try:
+        yield
+    finally:
+        _engine_writing.reset(token)
 
 
 def _as_uuid(value: Any) -> uuid.UUID:
@@ -95,6 +112,11 @@ def append_event(
     """
     aggregate = _as_uuid(aggregate_id)
     aggregate_type = _name(aggregate_type, "aggregate_type", 100)
+    if aggregate_type in RESERVED_AGGREGATE_TYPES and not _engine_writing.get():
+        raise InvalidEvent(
+            f"aggregate type {aggregate_type!r} is reserved: only the engine writes those "
+            "streams (use cancel_run, wake_run or retry_run to act on a run)"
+        )
     type = _name(type, "type", 200)
     tenant = _name(
         workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id", 100

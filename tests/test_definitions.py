@@ -21,6 +21,7 @@ from kumiko_workflows.checks import check_settings, check_workflows
 from kumiko_workflows.definition import CronTrigger, Workflow, WorkflowRegistry, registry
 from kumiko_workflows.durations import as_delay, parse_duration, parse_instant, wake_time
 from kumiko_workflows.exceptions import (
+    InvalidArgument,
     InvalidDuration,
     InvalidMatchExpression,
     RegistryNotReady,
@@ -453,7 +454,7 @@ def test_run_ids_are_uuid5_per_tenant_name_and_key():
     assert len({one, run_id_for("w", "k-1", "other"), run_id_for("v", "k-1", "acme")}) == 3
     assert run_id_for("w", "k-2", "acme") != one
     assert run_id_for("w", "k-1") == run_id_for("w", "k-1", "default")
-    with pytest.raises(WorkflowDefinitionError, match="idempotency key must be a string"):
+    with pytest.raises(InvalidArgument, match="idempotency key must be a string"):
         run_id_for("w", None, "acme")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows import resume_due_runs, run_id_for
@@ -364,3 +365,99 @@ def test_tampered_pending_row_with_unknown_step_fails_the_run(past):
 
     assert run_events(run_id)[-1].payload["reason"] == "invalid_pending_row"
     assert not WorkflowRunPending.objects.filter(run_id=run_id).exists()
+
+
+def _ping_twice():
+    from kumiko_workflows import define_workflow, on_event, steps
+    from tests.testapp import workflows as w
+
+    return define_workflow(
+        name="t-two-pings",
+        trigger=on_event("t.two-pings"),
+        idempotency_key=w.run_key,
+        awaits={"first": "t.ping", "second": "t.ping"},
+        steps=[
+            steps.wait_for_event("first", timeout="P1D"),
+            steps.wait_for_event("second", timeout="P1D"),
+            steps.compute("after", w.record("after")),
+        ],
+        register=False,
+    )
+
+
+def _ping(**payload):
+    import uuid
+
+    from kumiko_workflows import append_event
+
+    return append_event(uuid.uuid4(), "pinger", "t.ping", payload)
+
+
+def test_a_second_wait_for_the_same_type_needs_a_new_event():
+    from kumiko_workflows.definition import registry
+    from kumiko_workflows.models import Event
+
+    workflow = _ping_twice()
+    with registry.override(workflow):
+        event = trigger("t.two-pings")
+        run_id = run_id_for("t-two-pings", event.payload["run_key"])
+        first = _ping(n=1)
+        resume_due_runs()
+        # The first ping was taken by the first wait: the second still waits.
+        assert types_of(run_id)[-1] == et.WAITING_FOR_EVENT
+        assert _pending(run_id).step == "1"
+
+        second = _ping(n=2)
+        resume_due_runs()
+
+    assert types_of(run_id)[-1] == et.RUN_COMPLETED
+    steps_seen = Event.objects.get(type="t.recorded", payload__step="after").payload["steps"]
+    assert (steps_seen["first"], steps_seen["second"]) == ({"n": 1}, {"n": 2})
+    assert first.id < second.id
+
+
+def test_an_event_after_the_timeout_does_not_count_however_late_the_worker(now):
+    import uuid
+
+    from kumiko_workflows import append_event
+    from kumiko_workflows.models import Event
+
+    run_id = _verification("u-late", timeout="PT1H")
+    append_event(
+        uuid.uuid4(),
+        "user",
+        "t.verified",
+        {"user_id": "u-late"},
+        created_at=now + timedelta(hours=2),
+    )
+    assert _pending(run_id).awaited_event_id is None  # the wake-up saw it was too late
+
+    resume_due_runs(now=now + timedelta(hours=3))  # a worker that was down for hours
+
+    recorded = Event.objects.get(type="t.recorded", payload__step="after")
+    assert recorded.payload["steps"] == {"verified": None}
+
+
+def test_nobody_but_the_engine_appends_to_a_run_stream(future):
+    import uuid
+
+    from kumiko_workflows import append_event
+    from kumiko_workflows.exceptions import InvalidEvent
+
+    event = trigger("t.wait", **{"for": future})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    with pytest.raises(InvalidEvent, match="'workflow-run' is reserved"):
+        append_event(run_id, et.RUN_AGGREGATE_TYPE, "custom.note", {})
+    with pytest.raises(InvalidEvent, match="'workflow-schedule' is reserved"):
+        append_event(uuid.uuid4(), et.SCHEDULE_AGGREGATE_TYPE, "custom.note", {})
+    assert types_of(run_id) == [et.RUN_STARTED, et.WAITING]
+
+
+def test_a_resume_never_loads_another_tenants_event():
+    run_id = _verification("u1", tenant_id="tenant-a")
+    elsewhere = _verify("u1", tenant_id="tenant-b")
+    _tamper(run_id, awaited_event_id=elsewhere.id, wake_at=timezone.now())
+
+    resume_due_runs()
+
+    assert run_events(run_id)[-1].payload["reason"] == "awaited_event_unavailable"
