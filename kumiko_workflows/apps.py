@@ -19,9 +19,7 @@ class KumikoWorkflowsConfig(AppConfig):
         )
         from kumiko_workflows.models import Event
 
-        if not any(
-            p.name == "kumiko_workflows.run_status" for p in projections.registry._projections
-        ):
+        if "kumiko_workflows.run_status" not in projections.registry:
             run_projections.register(projections.registry)
         post_save.connect(
             projections.on_event_saved, sender=Event, dispatch_uid="kumiko_workflows.projections"

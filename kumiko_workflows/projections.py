@@ -42,7 +42,7 @@ class ProjectionRegistry:
         replay: bool = True,
     ) -> Projection:
         """Add a projection; ``handles`` is a set of event types or a predicate."""
-        if any(p.name == name for p in self._projections):
+        if name in self:
             raise ValueError(f"a projection named {name!r} is already registered")
         predicate = handles if callable(handles) else frozenset(handles).__contains__
         projection = Projection(order, name, predicate, apply, replay)
@@ -53,9 +53,12 @@ class ProjectionRegistry:
     def unregister(self, name: str) -> None:
         self._projections = [p for p in self._projections if p.name != name]
 
-    def handles(self, event_type: str) -> bool:
-        """Whether any projection handles events of ``event_type``."""
-        return any(projection.handles(event_type) for projection in self._projections)
+    def __contains__(self, name: str) -> bool:
+        return any(p.name == name for p in self._projections)
+
+    def handles(self, event_type: str, *, replaying: bool = False) -> bool:
+        """Whether any projection (any replayed one, when ``replaying``) handles the type."""
+        return any(p.handles(event_type) for p in self._projections if p.replay or not replaying)
 
     def dispatch(self, event: Event, *, replaying: bool = False) -> None:
         for projection in self._projections:

@@ -113,9 +113,8 @@ def _lock_tables() -> None:
 
 def replayed_types() -> list[str]:
     """Event types in the store that some replayable projection handles."""
-    handlers = [p.handles for p in projection_registry._projections if p.replay]
     stored = Event.objects.order_by().values_list("type", flat=True).distinct()
-    return sorted(t for t in stored if any(handles(t) for handles in handlers))
+    return sorted(t for t in stored if projection_registry.handles(t, replaying=True))
 
 
 def replay(progress: Callable[[int, int], None] | None = None) -> int:

@@ -239,7 +239,7 @@ def project_pending(event: Event, replaying: bool) -> None:
         )
         rows.update(wake_at=event.created_at, due_since=event.created_at, run_version=event.version)
         if event.payload.get("awaited_event_id") is not None:
-            # The post-commit re-check found the awaited event: record it.
+            # An awaited event woke the run: record which one.
             rows.filter(awaited_event_id__isnull=True).update(
                 awaited_event_id=event.payload["awaited_event_id"]
             )
@@ -259,16 +259,18 @@ def project_pending(event: Event, replaying: bool) -> None:
 
 
 def project_wakeup(event: Event, replaying: bool) -> None:
-    """Mark pending ``wait_for_event`` rows that ``event`` satisfies due now.
+    """Wake the pending ``wait_for_event`` rows that ``event`` satisfies.
 
-    The first matching event wins: rows that already reference an awaited
-    event are left alone. A stored match expression that cannot be evaluated
-    fails that run (``invalid_match``) instead of failing the domain write.
+    Each woken run gets a ``workflow.wake-requested`` event naming ``event``
+    (the awaited event reference), so the pending table stays a function of
+    the run streams alone. The first matching event wins: a row that already
+    references an awaited event is left alone. A stored match expression
+    that cannot be evaluated fails that run (``invalid_match``) instead of
+    failing the domain write.
     """
     from kumiko_workflows.runner import INVALID_MATCH, Failure, RunStream, fail_run
 
-    if not replaying:
-        recheck_after_commit(event.tenant_id, event.type, event_id=event.id)
+    recheck_after_commit(event.tenant_id, event.type, event_id=event.id)
     rows = WorkflowRunPending.objects.filter(
         tenant_id=event.tenant_id,
         wait_event_type=event.type,
@@ -276,18 +278,15 @@ def project_wakeup(event: Event, replaying: bool) -> None:
         awaited_event_id__isnull=True,
         trigger_event_id__lt=event.id,
     )
-    if not replaying and connection.features.has_select_for_update_skip_locked:
+    if connection.features.has_select_for_update_skip_locked:
         # A row a worker holds is being resumed right now (its timeout, or a
         # wake request); that resume looks for this event itself. Waiting for
         # the worker's lock could deadlock against the caller's own rows.
         rows = rows.select_for_update(skip_locked=True)
-    woken = []
     for row in rows:
         try:
             matched = _satisfies(row, event)
         except Exception as exc:
-            if replaying:
-                continue  # the run-failed event that followed is replayed too
             logger.error(
                 "run=%s step=%s has a match expression that cannot be evaluated: %s",
                 row.run_id,
@@ -311,18 +310,31 @@ def project_wakeup(event: Event, replaying: bool) -> None:
                 logger.exception("run=%s could not be marked failed", row.run_id)
             continue
         if matched:
-            woken.append(row.pk)
-    if not woken:
-        return
-    WorkflowRunPending.objects.filter(pk__in=woken, awaited_event_id__isnull=True).update(
-        awaited_event_id=event.id, wake_at=event.created_at, due_since=event.created_at
-    )
-    run_ids = WorkflowRunPending.objects.filter(pk__in=woken).values("run_id")
-    WorkflowRun.objects.filter(tenant_id=event.tenant_id, run_id__in=run_ids).update(
-        wake_at=event.created_at
-    )
-    if not replaying:
-        notify_due(event.tenant_id)
+            wake_with(row, event)
+
+
+def wake_with(row: WorkflowRunPending, event: Event) -> bool:
+    """Append ``workflow.wake-requested`` naming ``event`` as the row's awaited event.
+
+    False if the run moved on meanwhile (resumed, cancelled): its stream
+    version decides, as for every write to a run.
+    """
+    from kumiko_workflows.runner import RunStream
+
+    try:
+        with transaction.atomic():
+            RunStream.of_pending(row).append(
+                et.WAKE_REQUESTED,
+                {
+                    "workflow_name": row.workflow_name,
+                    "step": row.step,
+                    "by": "kumiko_workflows",
+                    "awaited_event_id": event.id,
+                },
+            )
+    except VersionConflict:
+        return False
+    return True
 
 
 def recheck_after_commit(
@@ -342,7 +354,7 @@ def recheck_after_commit(
         return
 
     def recheck() -> None:
-        from kumiko_workflows.runner import RunStream, look_back, look_back_floor
+        from kumiko_workflows.runner import look_back, look_back_floor
 
         try:
             with transaction.atomic():
@@ -371,21 +383,8 @@ def recheck_after_commit(
                             look_back_floor(row.trigger_event_id, row.awaited_refs()),
                             until=row.timeout_at,
                         )
-                    if found is None:
-                        continue
-                    try:
-                        with transaction.atomic():
-                            RunStream.of_pending(row).append(
-                                et.WAKE_REQUESTED,
-                                {
-                                    "workflow_name": row.workflow_name,
-                                    "step": row.step,
-                                    "by": "kumiko_workflows",
-                                    "awaited_event_id": found.id,
-                                },
-                            )
-                    except VersionConflict:
-                        continue  # the run moved on meanwhile (resumed, cancelled)
+                    if found is not None:
+                        wake_with(row, found)
         except Exception:
             logger.exception(
                 "tenant=%s event_type=%s re-check for awaited events failed", tenant_id, event_type
@@ -414,7 +413,10 @@ def register(projections: Any) -> None:
         "kumiko_workflows.run_status", set(et.RUN_EVENTS), project_run_status, order=10
     )
     projections.register("kumiko_workflows.pending", set(et.RUN_EVENTS), project_pending, order=20)
-    projections.register("kumiko_workflows.wakeup", registry.is_awaited, project_wakeup, order=30)
+    # The wake-up appends run events: a replay replays those, not the wake-up.
+    projections.register(
+        "kumiko_workflows.wakeup", registry.is_awaited, project_wakeup, order=30, replay=False
+    )
     projections.register(
         "kumiko_workflows.trigger", registry.is_trigger, trigger_projection, order=40, replay=False
     )

@@ -195,6 +195,7 @@ def test_matching_awaited_event_wakes_the_run_with_its_payload():
     assert [e.type for e in events] == [
         et.RUN_STARTED,
         et.WAITING_FOR_EVENT,
+        et.WAKE_REQUESTED,  # written by the wake-up: the run's stream says what woke it
         et.RESUMED,
         et.RUN_COMPLETED,
     ]
@@ -203,6 +204,7 @@ def test_matching_awaited_event_wakes_the_run_with_its_payload():
     recorded = Event.objects.get(type="t.recorded", payload__step="after")
     assert recorded.payload["steps"]["verified"] == {"user_id": "u1", "note": "first"}
     assert events[2].payload["awaited_event_id"] == verified.id
+    assert events[3].payload["awaited_event_id"] == verified.id
     after = WorkflowRun.objects.get(run_id=run_id)
     assert after.status == "completed"
     # Invariant 7: the awaited payload is referenced, never copied into run events.
@@ -461,3 +463,20 @@ def test_a_resume_never_loads_another_tenants_event():
     resume_due_runs()
 
     assert run_events(run_id)[-1].payload["reason"] == "awaited_event_unavailable"
+
+
+def test_the_tables_rebuild_from_the_run_streams_alone_whatever_is_registered():
+    """Invariant 1 does not depend on today's definitions: a removed workflow rebuilds too."""
+    from kumiko_workflows.definition import registry
+    from kumiko_workflows.rebuild import check
+
+    _verification("u1")
+    woken = _verification("u2")
+    _verify("u2")  # wakes the second run
+    assert _pending(woken).awaited_event_id is not None
+
+    with registry.without("t-event"):
+        result = check()
+
+    assert result.differences == []
+    assert result.pending == 2
