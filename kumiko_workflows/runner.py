@@ -188,6 +188,19 @@ class Failure(Exception):
         Exception.__init__(self, self.message)
 
 
+def raised(reason: str, step: str, what: str, exc: BaseException) -> Failure:
+    """A failure caused by user code raising ``exc``: generic text, class, traceback."""
+    name = type(exc).__name__
+    return Failure(
+        reason,
+        step,
+        f"{what} {name}",
+        error_class=name,
+        detail="".join(traceback.format_exception(exc)),
+        exc=exc,
+    )
+
+
 @dataclass
 class Cursor:
     """Where a segment starts: the step at ``path`` itself (``at``) or after it."""
@@ -243,15 +256,7 @@ class Executor:
             raise self._step_error(step_path, f"its {name} callable raised", exc) from exc
 
     def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
-        name = type(exc).__name__
-        return Failure(
-            STEP_FAILED,
-            path_text(path),
-            f"{self._label(path)}: {what} {name}",
-            error_class=name,
-            detail="".join(traceback.format_exception(exc)),
-            exc=exc,
-        )
+        return raised(STEP_FAILED, path_text(path), f"{self._label(path)}: {what}", exc)
 
     def _invalid(self, path: tuple[Any, ...], reason: str, detail: str) -> Failure:
         label = self._label(path)
@@ -399,6 +404,7 @@ class Executor:
                 times,
                 failure.error_class or failure.reason,
                 delay.total_seconds(),
+                exc_info=failure.exc,
             )
             set_last_error(self.ctx.run_id, failure.detail)
             raise Suspend(
@@ -576,25 +582,13 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
             if not trigger.filter(event):
                 return None
         except Exception as exc:
-            filter_error = Failure(
-                FILTER_FAILED,
-                "",
-                f"the trigger filter raised {type(exc).__name__}",
-                error_class=type(exc).__name__,
-                detail="".join(traceback.format_exception(exc)),
-                exc=exc,
-            )
+            filter_error = raised(FILTER_FAILED, "", "the trigger filter raised", exc)
     try:
         key = _idempotency_key(workflow, event)
     except Exception as exc:
         key = uuid.uuid4().hex
-        filter_error = filter_error or Failure(
-            IDEMPOTENCY_KEY_FAILED,
-            "",
-            f"the idempotency_key callable raised {type(exc).__name__}",
-            error_class=type(exc).__name__,
-            detail="".join(traceback.format_exception(exc)),
-            exc=exc,
+        filter_error = filter_error or raised(
+            IDEMPOTENCY_KEY_FAILED, "", "the idempotency_key callable raised", exc
         )
     run_id = run_id_for(workflow.name, key, event.tenant_id)
     started = {
