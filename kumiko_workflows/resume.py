@@ -46,6 +46,7 @@ from kumiko_workflows.runner import (
     Failure,
     RunContext,
     RunStream,
+    SegmentFailed,
     fail_run,
     look_back,
     look_back_floor,
@@ -137,7 +138,9 @@ def resume_row(
     whether ``workflow.step.resumed`` was appended. ``prefetched`` holds
     events (immutable) already loaded for the batch, by id.
 
-    Must run inside a transaction that holds the row (the caller's savepoint).
+    Must run inside a savepoint of a transaction that holds the row. Raises
+    :class:`SegmentFailed` when the run fails after its claim: the caller
+    unwinds the savepoint and records the failure (see :func:`resume_one`).
     """
     stream = RunStream.of_pending(row)
     stream.savepoint = False  # the caller's savepoint around this row is unwound on errors
@@ -179,19 +182,17 @@ def resume_row(
             return "skipped", False
         return "failed", False
 
-    try:
-        stream.append(
-            et.RESUMED,
-            {
-                "step": row.step,
-                "retry_attempt": row.retry_attempt,
-                "suspension_type": row.suspension_type,
-                "awaited_event_id": row.awaited_event_id,
-            },
-        )
-    except VersionConflict:
-        return "skipped", False
-
+    # The claim: the first event after the suspension. Losing its race (another
+    # worker, a cancel) is a silent skip.
+    opening = (
+        et.RESUMED,
+        {
+            "step": row.step,
+            "retry_attempt": row.retry_attempt,
+            "suspension_type": row.suspension_type,
+            "awaited_event_id": row.awaited_event_id,
+        },
+    )
     state = row.state or {}
     awaited: dict[str, int | None] = dict(state.get("awaited") or {})
     wanted = _wanted_events(row)
@@ -202,8 +203,9 @@ def resume_row(
 
     trigger = events.get(row.trigger_event_id) if row.trigger_event_id is not None else None
     if trigger is None:
-        fail_run(
+        raise SegmentFailed(
             stream,
+            opening,
             Failure(
                 TRIGGER_EVENT_UNAVAILABLE,
                 row.step,
@@ -212,20 +214,19 @@ def resume_row(
             state=state,
             retry_from=row.step,
         )
-        return "failed", True
     missing = [i for i in awaited.values() if i is not None and i not in events]
     if row.awaited_event_id is not None and row.awaited_event_id not in events:
         missing.append(row.awaited_event_id)
     if missing:
-        fail_run(
+        raise SegmentFailed(
             stream,
+            opening,
             Failure(
                 AWAITED_EVENT_UNAVAILABLE, row.step, f"the awaited event #{missing[0]} is gone"
             ),
             state=state,
             retry_from=row.step,
         )
-        return "failed", True
 
     steps = dict(state.get("results") or {})
     for key, event_id in awaited.items():
@@ -262,7 +263,26 @@ def resume_row(
         cursor = Cursor(path, after=False, attempt=1)
     else:  # a rerun of a run that failed after its last step: just complete it
         cursor = Cursor((len(workflow.steps),), after=False)
-    return run_segment(workflow, stream, ctx, cursor), True
+    try:
+        return run_segment(workflow, stream, ctx, cursor, opening), True
+    except VersionConflict:
+        return "skipped", False
+
+
+def resume_one(
+    row: WorkflowRunPending, now: datetime, prefetched: dict[int, Event] | None = None
+) -> tuple[str, bool]:
+    """:func:`resume_row` in a savepoint of its own, recording a failed run."""
+    try:
+        with transaction.atomic():
+            return resume_row(row, now, prefetched)
+    except SegmentFailed as failed:
+        try:
+            with transaction.atomic():
+                failed.record()
+        except VersionConflict:
+            return "skipped", False
+        return "failed", True
 
 
 def due_tenants(now: datetime) -> list[str]:
@@ -352,8 +372,7 @@ def _drain_tenant(
                 if should_stop():
                     return
                 try:
-                    with transaction.atomic():
-                        outcome, claimed = resume_row(row, clock(), prefetched)
+                    outcome, claimed = resume_one(row, clock(), prefetched)
                 except Exception:
                     if _connection_broken():
                         # Every row after this one would fail the same way:

@@ -125,7 +125,11 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
     if kind == et.WAKE_REQUESTED:
         return {"wake_at": event.created_at}
     if kind == et.RESUMED:
-        return {"status": RunStatus.RUNNING, "wake_at": None, "awaited_event_type": ""}
+        # The engine appends the next event (suspension, completion or
+        # failure) in the same transaction, and each of those sets every
+        # column this one would: the row never shows "running" outside it.
+        # Skipping the UPDATE saves a statement per resume.
+        return None
     if kind == et.RUN_COMPLETED:
         return {
             "status": RunStatus.COMPLETED,

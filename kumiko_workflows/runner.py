@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from kumiko_workflows import durations, event_types, matching
 from kumiko_workflows.conf import workflow_settings
@@ -79,7 +78,7 @@ class RunContext:
         event: Event,
         steps: dict[str, Any] | None = None,
         awaited: dict[str, int | None] | None = None,
-        now: datetime,
+        now: datetime | None,
     ) -> None:
         self.run_id = run_id
         self.workflow_name = workflow_name
@@ -142,6 +141,13 @@ class RunStream:
             row.definition_fingerprint,
             row.trigger_event_id,
         )
+
+    def mark(self) -> tuple[int, bool]:
+        """Where the stream stands, to :meth:`rewind` to after a savepoint rolls back."""
+        return self.version, self._no_pending
+
+    def rewind(self, mark: tuple[int, bool]) -> None:
+        self.version, self._no_pending = mark
 
     def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
         hint = None
@@ -502,13 +508,53 @@ def fail_run(
     return event
 
 
+class SegmentFailed(Exception):
+    """A segment failed: unwind its savepoint, then :meth:`record` the failure.
+
+    Raised out of the savepoint that holds the segment, so the steps' writes
+    and the segment's opening event (``run-started`` or ``step.resumed``) roll
+    back together; ``record`` then writes the opening again and
+    ``workflow.run-failed`` after it. A step's failure so costs no savepoint
+    of its own on the path where nothing fails.
+    """
+
+    def __init__(
+        self,
+        stream: RunStream,
+        opening: tuple[str, dict[str, Any]],
+        failure: Failure,
+        *,
+        state: dict[str, Any] | None,
+        retry_from: str | None,
+    ) -> None:
+        super().__init__(failure.message)
+        self.stream = stream
+        self.mark = stream.mark()
+        self.opening = opening
+        self.failure = failure
+        self.state = state
+        self.retry_from = retry_from
+
+    def record(self) -> Event:
+        """Append the opening event and ``workflow.run-failed`` (in the caller's savepoint)."""
+        self.stream.rewind(self.mark)
+        self.stream.append(*self.opening)
+        return fail_run(self.stream, self.failure, state=self.state, retry_from=self.retry_from)
+
+
 def run_segment(
     workflow: Workflow,
     stream: RunStream,
     ctx: RunContext,
     cursor: Cursor | None,
+    opening: tuple[str, dict[str, Any]],
 ) -> str:
-    """Run steps from ``cursor``; return 'completed', 'suspended' or 'failed'."""
+    """Append ``opening``, run steps from ``cursor``; return 'completed' or 'suspended'.
+
+    Must run inside a savepoint. Raises :class:`VersionConflict` if the
+    opening event loses its race, and :class:`SegmentFailed` if a step fails:
+    the caller unwinds its savepoint, then records the failure.
+    """
     start_state = ctx.snapshot()
     if cursor is None or not cursor.path:
         retry_from = "0"
@@ -516,39 +562,44 @@ def run_segment(
         retry_from = workflow.next_position(path_text(cursor.path))
     else:
         retry_from = path_text(cursor.path)
+    mark = stream.mark()
+    opened = stream.append(*opening)
+    if ctx.now is None:
+        ctx.now = opened.created_at  # an inline start runs at its run-started instant
     try:
-        with transaction.atomic():
+        try:
+            Executor(workflow, ctx).run(cursor)
+        except Suspend as suspension:
+            payload = {
+                **suspension.payload,
+                "workflow_name": workflow.name,
+                "definition_fingerprint": workflow.fingerprint,
+                "trigger_event_id": stream.trigger_event_id,
+                "state": ctx.snapshot(),
+            }
             try:
-                Executor(workflow, ctx).run(cursor)
-            except Suspend as suspension:
-                payload = {
-                    **suspension.payload,
-                    "workflow_name": workflow.name,
-                    "definition_fingerprint": workflow.fingerprint,
-                    "trigger_event_id": stream.trigger_event_id,
-                    "state": ctx.snapshot(),
-                }
-                try:
-                    stream.append(suspension.type, payload)
-                except InvalidEvent as exc:
-                    # Results too big to keep: fail the run, or every pass
-                    # would run the steps again and hit the limit again.
-                    step = suspension.payload["step"]
-                    raise Failure(
-                        INVALID_STEP_RESULT,
-                        step,
-                        f"{workflow.label(step)}: the step results cannot be saved to suspend",
-                        detail=f"{workflow.label(step)}: {exc}",
-                    ) from None
-                return "suspended"
-            stream.append(
-                event_types.RUN_COMPLETED,
-                {"workflow_name": workflow.name, "step_count": len(workflow.steps)},
-            )
-            return "completed"
+                stream.append(suspension.type, payload)
+            except InvalidEvent as exc:
+                # Results too big to keep: fail the run, or every pass
+                # would run the steps again and hit the limit again.
+                step = suspension.payload["step"]
+                raise Failure(
+                    INVALID_STEP_RESULT,
+                    step,
+                    f"{workflow.label(step)}: the step results cannot be saved to suspend",
+                    detail=f"{workflow.label(step)}: {exc}",
+                ) from None
+            return "suspended"
+        stream.append(
+            event_types.RUN_COMPLETED,
+            {"workflow_name": workflow.name, "step_count": len(workflow.steps)},
+        )
+        return "completed"
     except Failure as failure:
-        fail_run(stream, failure, state=start_state, retry_from=retry_from)
-        return "failed"
+        stream.rewind(mark)  # the caller's savepoint takes the appends back
+        raise SegmentFailed(
+            stream, opening, failure, state=start_state, retry_from=retry_from
+        ) from failure.exc
 
 
 # --- starting runs from trigger events --------------------------------------
@@ -602,32 +653,34 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
     stream = RunStream(
         run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id, savepoint=False
     )
+    opening = (event_types.RUN_STARTED, started)
     try:
-        with transaction.atomic():
-            try:
-                stream.append(event_types.RUN_STARTED, started)
-            except VersionConflict:
-                logger.info(
-                    "workflow=%s key=%s tenant=%s run=%s exists already; trigger event %s ignored",
-                    workflow.name,
-                    key,
-                    event.tenant_id,
-                    run_id,
-                    event.id,
+        try:
+            with transaction.atomic():
+                if filter_error is not None:
+                    raise SegmentFailed(stream, opening, filter_error, state=None, retry_from=None)
+                ctx = RunContext(
+                    run_id=run_id,
+                    workflow_name=workflow.name,
+                    tenant_id=event.tenant_id,
+                    event=event,
+                    now=now,
                 )
-                return None
-            if filter_error is not None:
-                fail_run(stream, filter_error)
-                return run_id
-            ctx = RunContext(
-                run_id=run_id,
-                workflow_name=workflow.name,
-                tenant_id=event.tenant_id,
-                event=event,
-                now=now or timezone.now(),
-            )
-            run_segment(workflow, stream, ctx, None)
-            return run_id
+                run_segment(workflow, stream, ctx, None, opening)
+        except SegmentFailed as failed:
+            with transaction.atomic():
+                failed.record()
+        return run_id
+    except VersionConflict:
+        logger.info(
+            "workflow=%s key=%s tenant=%s run=%s exists already; trigger event %s ignored",
+            workflow.name,
+            key,
+            event.tenant_id,
+            run_id,
+            event.id,
+        )
+        return None
     except Exception as exc:
         # Our own bookkeeping failed (not a step: those are recorded above).
         # The domain write must still commit, so record what we can.
