@@ -31,7 +31,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from kumiko_workflows import event_types as et
-from kumiko_workflows.definition import define_workflow, on_event, registry, run_id_for
+from kumiko_workflows.definition import define_workflow, on_event, run_id_for
 from kumiko_workflows.models import Event, RunStatus, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.steps import compute, wait, wait_for_event
 
@@ -83,25 +83,25 @@ def _key(event: Any) -> str:
     return event.payload["key"]
 
 
-def _register() -> None:
-    if registry._workflows.get(DRAIN_WORKFLOW) is None:
-        define_workflow(
-            DRAIN_WORKFLOW,
-            on_event(DRAIN_TRIGGER),
-            idempotency_key=_key,
-            steps=[compute("first", _first), wait(_wake_at), compute("second", _second)],
-        )
-    if registry._workflows.get(WAKE_WORKFLOW) is None:
-        define_workflow(
-            WAKE_WORKFLOW,
-            on_event(WAKE_TRIGGER),
-            idempotency_key=_key,
-            awaits={"go": WAKE_EVENT},
-            steps=[wait_for_event("go", match=_wake_match), compute("done", _done)],
-        )
+def register_bench_workflows() -> None:
+    """Register the bench's workflows in this process (again is a no-op).
 
-
-_register()
+    Only the bench command and its worker processes call this, so importing
+    the module registers nothing.
+    """
+    define_workflow(
+        DRAIN_WORKFLOW,
+        on_event(DRAIN_TRIGGER),
+        idempotency_key=_key,
+        steps=[compute("first", _first), wait(_wake_at), compute("second", _second)],
+    )
+    define_workflow(
+        WAKE_WORKFLOW,
+        on_event(WAKE_TRIGGER),
+        idempotency_key=_key,
+        awaits={"go": WAKE_EVENT},
+        steps=[wait_for_event("go", match=_wake_match), compute("done", _done)],
+    )
 
 
 # --- results ---------------------------------------------------------------------
@@ -148,6 +148,7 @@ class Bench:
         self.results: list[Result | Skipped] = []
         self.vendor = connection.vendor
         production_mode()
+        register_bench_workflows()
 
     # -- helpers ----------------------------------------------------------------
 
@@ -715,6 +716,7 @@ def production_mode() -> None:
 
 def worker_main(mode: str, tenant: str, prefix: str, out: Callable[[str], None]) -> None:
     production_mode()
+    register_bench_workflows()
     connection.ensure_connection()
     if mode == "loop":
         from django.core.management import call_command

@@ -13,6 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from kumiko_workflows.definition import registry
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from tests.conftest import on_postgres
 
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _bench(*args: str) -> str:
     out = StringIO()
-    call_command("kumiko_bench", *args, "--rounds", "1", stdout=out)
+    # The bench registers its own workflows: keep them out of the other tests.
+    with registry.override():
+        call_command("kumiko_bench", *args, "--rounds", "1", stdout=out)
     return out.getvalue()
 
 
