@@ -69,6 +69,10 @@ class RunNotRetryable(WorkflowError):
     """The run cannot be retried."""
 
 
+class StreamMoved(WorkflowError):
+    """Another writer appended to the run's stream while the run was running."""
+
+
 class ScheduleError(WorkflowError):
     """A cron schedule could not fire."""
 

@@ -80,6 +80,10 @@ class ResumeReport:
     skipped: int = 0
     errors: int = 0
 
+    def add(self, other: ResumeReport) -> None:
+        for key, value in other.as_dict().items():
+            setattr(self, key, getattr(self, key) + value)
+
     @property
     def processed(self) -> int:
         return self.completed + self.suspended + self.failed + self.skipped + self.errors
@@ -341,6 +345,10 @@ def _connection_broken() -> bool:
     return raw is None or bool(getattr(raw, "closed", False))
 
 
+class _Redo(Exception):
+    """A row of an optimistic batch did not go through cleanly: redo the batch."""
+
+
 def _drain_tenant(
     tenant: str,
     now: datetime,
@@ -349,49 +357,73 @@ def _drain_tenant(
     limit: int | None,
     should_stop: Callable[[], bool],
 ) -> None:
+    """Resume the tenant's due rows, a batch per transaction.
+
+    A batch first runs optimistically, without a savepoint per row: that is
+    two statements fewer per run. If any row fails (a step, a race, the
+    database), the whole batch rolls back and runs again carefully, each row
+    in its own savepoint, so one row's failure is recorded and the others go
+    on. Steps of the rolled-back rows run again, as after a crash.
+    """
     passed_over: set[int] = set()
     batch_size = max(1, int(workflow_settings.BATCH_SIZE))
+    careful = False
     while True:
         remaining = None if limit is None else limit - report.processed
         if (remaining is not None and remaining <= 0) or should_stop():
             return
         size = batch_size if remaining is None else min(batch_size, remaining)
-        with transaction.atomic():
-            query = WorkflowRunPending.objects.filter(tenant_id=tenant, wake_at__lte=now)
-            if passed_over:
-                query = query.exclude(pk__in=passed_over)
-            query = query.order_by("wake_at", "id")
-            if connection.features.has_select_for_update_skip_locked:
-                query = query.select_for_update(skip_locked=True)
-            rows = list(query[:size])
-            # One query for the trigger and awaited events of the whole batch.
-            prefetched = Event.objects.filter(tenant_id=tenant).in_bulk(
-                set().union(*map(_wanted_events, rows))
-            )
-            for row in rows:
-                if should_stop():
-                    return
-                try:
-                    outcome, claimed = resume_one(row, clock(), prefetched)
-                except Exception:
-                    if _connection_broken():
-                        # Every row after this one would fail the same way:
-                        # end the pass, so the worker backs off and reconnects.
-                        raise
-                    logger.exception(
-                        "run=%s step=%s tenant=%s could not be resumed",
-                        row.run_id,
-                        row.step,
-                        tenant,
-                    )
-                    report.errors += 1
-                    passed_over.add(row.pk)
-                    continue
-                if outcome == "skipped":
-                    passed_over.add(row.pk)
-                report.resumed += claimed
-                setattr(report, outcome, getattr(report, outcome) + 1)
-        if len(rows) < size:
+        batch = ResumeReport()
+        stopped = False
+        try:
+            with transaction.atomic():
+                query = WorkflowRunPending.objects.filter(tenant_id=tenant, wake_at__lte=now)
+                if passed_over:
+                    query = query.exclude(pk__in=passed_over)
+                query = query.order_by("wake_at", "id")
+                if connection.features.has_select_for_update_skip_locked:
+                    query = query.select_for_update(skip_locked=True)
+                rows = list(query[:size])
+                # One query for the trigger and awaited events of the whole batch.
+                prefetched = Event.objects.filter(tenant_id=tenant).in_bulk(
+                    set().union(*map(_wanted_events, rows))
+                )
+                for row in rows:
+                    if should_stop():
+                        stopped = True
+                        break
+                    if careful:
+                        try:
+                            outcome, claimed = resume_one(row, clock(), prefetched)
+                        except Exception:
+                            if _connection_broken():
+                                # Every row after this one would fail the same way: end
+                                # the pass, so the worker backs off and reconnects.
+                                raise
+                            logger.exception(
+                                "run=%s step=%s tenant=%s could not be resumed",
+                                row.run_id,
+                                row.step,
+                                tenant,
+                            )
+                            batch.errors += 1
+                            passed_over.add(row.pk)
+                            continue
+                    else:
+                        try:
+                            outcome, claimed = resume_row(row, clock(), prefetched)
+                        except Exception as exc:
+                            raise _Redo from exc
+                    if outcome == "skipped":
+                        passed_over.add(row.pk)
+                    batch.resumed += claimed
+                    setattr(batch, outcome, getattr(batch, outcome) + 1)
+        except _Redo:
+            careful = True  # the batch rolled back whole: run it again, row by row
+            continue
+        report.add(batch)
+        careful = False
+        if stopped or len(rows) < size:
             return
 
 

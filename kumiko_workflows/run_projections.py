@@ -180,9 +180,55 @@ def project_run_status(event: Event, replaying: bool) -> None:
         return
     fields = _status_fields(event)
     if fields is not None:
-        WorkflowRun.objects.filter(tenant_id=event.tenant_id, run_id=event.aggregate_id).update(
-            version=event.version, updated_at=event.created_at, **fields
+        _update(
+            WorkflowRun,
+            {**fields, "version": event.version, "updated_at": event.created_at},
+            {"tenant_id": event.tenant_id, "run_id": event.aggregate_id},
         )
+
+
+_SQL_CACHE: dict[tuple[Any, ...], str] = {}
+
+
+def _update(model: type[Any], values: dict[str, Any], where: dict[str, Any]) -> None:
+    """``UPDATE`` rows of ``model`` matching ``where`` (field = value, ANDed)."""
+    _execute(model, "UPDATE", values, where)
+
+
+def _delete(model: type[Any], where: dict[str, Any]) -> None:
+    """``DELETE`` rows of ``model`` matching ``where`` (field = value, ANDed)."""
+    _execute(model, "DELETE", {}, where)
+
+
+def _execute(model: type[Any], verb: str, values: dict[str, Any], where: dict[str, Any]) -> None:
+    """One statement on ``model``'s table, every value a parameter prepared by its field.
+
+    On the hottest path (two statements per resume) this costs a fraction of
+    the ORM's query building, and a plain DELETE skips the deletion collector
+    a table nothing cascades from does not need.
+    """
+    key = (connection.vendor, model._meta.db_table, verb, tuple(values), tuple(where))
+    sql = _SQL_CACHE.get(key)
+    if sql is None:
+        ops = connection.ops
+        table = ops.quote_name(model._meta.db_table)
+        condition = " AND ".join(
+            f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in where
+        )
+        if verb == "UPDATE":
+            assignments = ", ".join(
+                f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in values
+            )
+            sql = f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
+        else:
+            sql = f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
+        _SQL_CACHE[key] = sql
+    params = [
+        model._meta.get_field(name).get_db_prep_save(value, connection)
+        for name, value in (*values.items(), *where.items())
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 # --- pending ----------------------------------------------------------------
@@ -252,11 +298,7 @@ def project_pending(event: Event, replaying: bool) -> None:
     elif kind == et.RESUMED or kind in et.TERMINAL:
         if pending_cleared.get() == (event.aggregate_id, event.version):
             return  # the stream's previous event, in this transaction, deleted them
-        # One plain DELETE: QuerySet.delete() would build a deletion collector
-        # for a table nothing cascades from, on the hottest path of a resume.
-        WorkflowRunPending.objects.filter(
-            tenant_id=event.tenant_id, run_id=event.aggregate_id
-        )._raw_delete(connection.alias)
+        _delete(WorkflowRunPending, {"tenant_id": event.tenant_id, "run_id": event.aggregate_id})
 
 
 # --- event wake-up ------------------------------------------------------------

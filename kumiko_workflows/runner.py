@@ -34,6 +34,7 @@ from kumiko_workflows.exceptions import (
     InvalidDuration,
     InvalidEvent,
     InvalidMatchExpression,
+    StreamMoved,
     VersionConflict,
 )
 from kumiko_workflows.jsonvalues import NotJSON, to_json
@@ -595,6 +596,10 @@ def run_segment(
             {"workflow_name": workflow.name, "step_count": len(workflow.steps)},
         )
         return "completed"
+    except VersionConflict as exc:
+        # Only the opening event races (it is the claim); a conflict after it
+        # means the stream moved under a held run: an error, not a skip.
+        raise StreamMoved(f"run {stream.run_id}: {exc}") from exc
     except Failure as failure:
         stream.rewind(mark)  # the caller's savepoint takes the appends back
         raise SegmentFailed(

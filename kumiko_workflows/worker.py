@@ -155,8 +155,7 @@ class Worker:
                 now=now,
                 should_stop=lambda: self.stopping,
             )
-            for key, value in part.as_dict().items():
-                setattr(report, key, getattr(report, key) + value)
+            report.add(part)
         self.processed += report.processed
         self.errors += report.errors
         self.errors += cron_errors
