@@ -413,6 +413,8 @@ def _drain_tenant(
                         try:
                             outcome, claimed = resume_row(row, clock(), prefetched)
                         except Exception as exc:
+                            if _connection_broken():
+                                raise  # no redo can help: the worker backs off
                             raise _Redo from exc
                     if outcome == "skipped":
                         passed_over.add(row.pk)
