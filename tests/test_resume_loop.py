@@ -480,3 +480,35 @@ def test_the_tables_rebuild_from_the_run_streams_alone_whatever_is_registered():
 
     assert result.differences == []
     assert result.pending == 2
+
+
+def test_a_failing_run_in_a_batch_leaves_the_others_resumed_exactly_once(past):
+    """The batch runs optimistically, rolls back on the failure and redoes row by row."""
+    from kumiko_workflows import define_workflow, on_event, steps
+    from kumiko_workflows.definition import registry
+    from kumiko_workflows.models import Event
+    from tests.testapp import workflows as w
+
+    fails_after_wait = define_workflow(
+        name="t-fails-after-wait",
+        trigger=on_event("t.fails-after-wait"),
+        idempotency_key=w.run_key,
+        steps=[steps.wait(w.payload_value("for")), steps.compute("boom", w.boom)],
+        register=False,
+    )
+    with registry.override(fails_after_wait):
+        first = trigger("t.wait", **{"for": past})
+        failing = trigger("t.fails-after-wait", **{"for": past})
+        last = trigger("t.wait", **{"for": past})
+        report = resume_due_runs()
+
+    assert (report.resumed, report.completed, report.failed, report.errors) == (3, 2, 1, 0)
+    failed_run = run_id_for("t-fails-after-wait", failing.payload["run_key"])
+    assert types_of(failed_run) == [et.RUN_STARTED, et.WAITING, et.RESUMED, et.RUN_FAILED]
+    assert not Event.objects.filter(type="t.written-before-boom").exists()
+    for event in (first, last):
+        run_id = run_id_for("t-wait", event.payload["run_key"])
+        assert types_of(run_id) == [et.RUN_STARTED, et.WAITING, et.RESUMED, et.RUN_COMPLETED]
+    # The rolled-back first attempt left no trace: one "after" write per run.
+    assert Event.objects.filter(type="t.recorded", payload__step="after").count() == 2
+    assert not WorkflowRunPending.objects.exists()
