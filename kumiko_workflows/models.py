@@ -100,9 +100,6 @@ class WorkflowRunQuerySet(models.QuerySet):
     def failed(self) -> WorkflowRunQuerySet:
         return self.filter(status=RunStatus.FAILED)
 
-    def waiting(self) -> WorkflowRunQuerySet:
-        return self.filter(status=RunStatus.WAITING)
-
     def for_tenant(self, tenant_id: str | None) -> WorkflowRunQuerySet:
         return self if tenant_id is None else self.filter(tenant_id=tenant_id)
 
@@ -159,7 +156,12 @@ class WorkflowRunPendingQuerySet(models.QuerySet):
         return self.filter(wake_at__lte=now or timezone.now())
 
     def waiting_for(self, event_type: str) -> WorkflowRunPendingQuerySet:
-        return self.filter(wait_event_type=event_type)
+        """``wait_for_event`` rows of that event type not yet woken by an event."""
+        return self.filter(
+            wait_event_type=event_type,
+            suspension_type=SuspensionType.EVENT,
+            awaited_event_id__isnull=True,
+        )
 
     def for_tenant(self, tenant_id: str | None) -> WorkflowRunPendingQuerySet:
         return self if tenant_id is None else self.filter(tenant_id=tenant_id)

@@ -377,7 +377,7 @@ def _drain_tenant(
         stopped = False
         try:
             with transaction.atomic():
-                query = WorkflowRunPending.objects.filter(tenant_id=tenant, wake_at__lte=now)
+                query = WorkflowRunPending.objects.for_tenant(tenant).due(now)
                 if passed_over:
                     query = query.exclude(pk__in=passed_over)
                 query = query.order_by("wake_at", "id")

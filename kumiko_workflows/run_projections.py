@@ -317,12 +317,10 @@ def project_wakeup(event: Event, replaying: bool) -> None:
     from kumiko_workflows.runner import INVALID_MATCH, Failure, RunStream, fail_run
 
     recheck_after_commit(event.tenant_id, event.type, event_id=event.id)
-    rows = WorkflowRunPending.objects.filter(
-        tenant_id=event.tenant_id,
-        wait_event_type=event.type,
-        suspension_type=SuspensionType.EVENT,
-        awaited_event_id__isnull=True,
-        trigger_event_id__lt=event.id,
+    rows = (
+        WorkflowRunPending.objects.for_tenant(event.tenant_id)
+        .waiting_for(event.type)
+        .filter(trigger_event_id__lt=event.id)
     )
     if connection.features.has_select_for_update_skip_locked:
         # A row a worker holds is being resumed right now (its timeout, or a
@@ -404,11 +402,10 @@ def recheck_after_commit(
 
         try:
             with transaction.atomic():
-                rows = WorkflowRunPending.objects.select_for_update(skip_locked=True).filter(
-                    tenant_id=tenant_id,
-                    wait_event_type=event_type,
-                    suspension_type=SuspensionType.EVENT,
-                    awaited_event_id__isnull=True,
+                rows = (
+                    WorkflowRunPending.objects.for_tenant(tenant_id)
+                    .waiting_for(event_type)
+                    .select_for_update(skip_locked=True)
                 )
                 if run_id is not None:
                     rows = rows.filter(run_id=run_id)
