@@ -14,7 +14,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import quote, unquote
-from django.db.models import F, QuerySet
+from django.db.models import F, Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -86,7 +86,7 @@ class WorkflowAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def _url(self, model: type, pk: Any) -> str:
+    def _url(self, model: type[Model], pk: Any) -> str:
         opts = model._meta
         return reverse(
             f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",

@@ -473,7 +473,10 @@ class Bench:
                 "SKIPPED name=kumiko_drain_2 reason=SQLite allows one writer: two workers "
                 "need PostgreSQL"
             )
-        one_times, floor_times, two_times, floor2_times = [], [], [], []
+        one_times: list[float] = []
+        floor_times: list[float] = []
+        two_times: list[float] = []
+        floor2_times: list[float] = []
         for _ in range(self.rounds):
             for workers, engine_list, floor_list in (
                 (1, one_times, floor_times),
@@ -530,15 +533,14 @@ class Bench:
                     [self.tenant, wake_at, now, count],
                 )
             else:
-                wake_at, stamp = (
-                    connection.ops.adapt_datetimefield_value(v) for v in (wake_at, now)
-                )
+                wake_text = connection.ops.adapt_datetimefield_value(wake_at)
+                stamp = connection.ops.adapt_datetimefield_value(now)
                 self.execute(
                     "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < %s) "  # noqa: S608
                     f"INSERT INTO {table} ({columns}) "
                     "SELECT %s, lower(hex(randomblob(16))), '1', 'kumiko-bench-scan', 'wait', "
                     "%s, 0, 'bench', '', '', 2, '{}', %s FROM s",
-                    [count, self.tenant, wake_at, stamp],
+                    [count, self.tenant, wake_text, stamp],
                 )
         if self.vendor == "postgresql":
             self.execute(f"ANALYZE {table}")

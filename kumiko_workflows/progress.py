@@ -125,8 +125,9 @@ class Progress:
     def _write(self, text: str) -> None:
         # Django's OutputWrapper appends a newline and styles the text (stderr
         # in red) unless told otherwise.
-        if hasattr(self.stream, "style_func"):
-            self.stream.write(text, style_func=_plain, ending="")
+        stream: Any = self.stream
+        if hasattr(stream, "style_func"):
+            stream.write(text, style_func=_plain, ending="")
         else:
             self.stream.write(text)
 

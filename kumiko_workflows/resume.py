@@ -52,11 +52,11 @@ from kumiko_workflows.runner import (
     look_back_floor,
     run_segment,
 )
-from kumiko_workflows.steps import Retry, Wait, WaitForEvent
+from kumiko_workflows.steps import Retry, Step, Wait, WaitForEvent
 
 logger = logging.getLogger("kumiko_workflows.resume")
 
-_STEP_KINDS = {
+_STEP_KINDS: dict[str, type[Step]] = {
     SuspensionType.WAIT: Wait,
     SuspensionType.EVENT: WaitForEvent,
     SuspensionType.RETRY: Retry,
@@ -150,11 +150,11 @@ def resume_row(
     stream.savepoint = False  # the caller's savepoint around this row is unwound on errors
     workflow = registry.get(row.workflow_name)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
-        message = _definition_changed(row, stream)
+        changed = _definition_changed(row, stream)
         try:
             fail_run(
                 stream,
-                Failure(DEFINITION_CHANGED, row.step, message, detail=message),
+                Failure(DEFINITION_CHANGED, row.step, changed, detail=changed),
                 state=row.state,
                 retry_from=row.step,
             )
@@ -171,7 +171,7 @@ def resume_row(
         )
     except ValueError:
         valid = False
-    message = None
+    message: str | None = None
     if not valid:
         message = (
             f"pending row names step {row.step!r} with suspension {row.suspension_type!r}, "
@@ -328,12 +328,16 @@ def resume_due_runs(
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
     # Rows due at the pass's start are picked; each runs at its own moment, so
     # waits and backoffs it starts are not shortened by a long pass.
-    clock = (lambda: now) if now is not None else timezone.now
-    now = now or timezone.now()
+    fixed = now
+    start = fixed or timezone.now()
+
+    def clock() -> datetime:
+        return fixed or timezone.now()
+
     report = ResumeReport()
-    tenants = [tenant_id] if tenant_id is not None else due_tenants(now)
+    tenants = [tenant_id] if tenant_id is not None else due_tenants(start)
     for tenant in tenants:
-        _drain_tenant(tenant, now, clock, report, limit, should_stop or (lambda: False))
+        _drain_tenant(tenant, start, clock, report, limit, should_stop or (lambda: False))
         if should_stop and should_stop():
             break
     return report
@@ -524,6 +528,8 @@ def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     retry_from = failed.payload.get("retry_from") if failed else None
     if retry_from is None:
         raise RunNotRetryable(f"run {run.run_id} failed before its first step could run")
+
+    assert failed is not None  # retry_from came from it
 
     def payload(current: WorkflowRun) -> dict[str, Any]:
         return {

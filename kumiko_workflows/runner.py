@@ -219,8 +219,10 @@ class Cursor:
 
 class Executor:
     def __init__(self, workflow: Workflow, ctx: RunContext) -> None:
+        assert ctx.now is not None, "run_segment sets ctx.now before any step runs"
         self.workflow = workflow
         self.ctx = ctx
+        self.now: datetime = ctx.now
         self._resume_attempt: tuple[tuple[Any, ...], int] | None = None
 
     def run(self, cursor: Cursor | None) -> None:
@@ -306,7 +308,7 @@ class Executor:
     def _wait(self, step: Wait, path: tuple[Any, ...]) -> None:
         value = self._arg(path, "for_", step.for_)
         try:
-            wake_at = durations.wake_time(value, self.ctx.now)
+            wake_at = durations.wake_time(value, self.now)
         except InvalidDuration as exc:
             raise self._invalid(path, INVALID_STEP_ARGUMENT, f"for_={value!r}: {exc}") from None
         raise Suspend(
@@ -324,7 +326,7 @@ class Executor:
         timeout_at = None
         if timeout is not None:
             try:
-                timeout_at = durations.wake_time(timeout, self.ctx.now)
+                timeout_at = durations.wake_time(timeout, self.now)
             except InvalidDuration as exc:
                 raise self._invalid(
                     path, INVALID_STEP_ARGUMENT, f"timeout={timeout!r}: {exc}"
@@ -420,7 +422,7 @@ class Executor:
                     "step": path_text(path),
                     "attempt": attempt,
                     "max_attempts": times,
-                    "wake_at": (self.ctx.now + delay).isoformat(),
+                    "wake_at": (self.now + delay).isoformat(),
                     "error_class": failure.error_class,
                     "failed_step": failure.step,
                     "reason": failure.reason,

@@ -14,10 +14,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Field, Max
 from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import event_types as et
@@ -201,7 +201,7 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
     as every engine caller does); with no projection for the type there is
     nothing to undo and the insert is one statement.
     """
-    fields = [Event._meta.get_field(name) for name in _COLUMNS]
+    fields = [cast(Field, Event._meta.get_field(name)) for name in _COLUMNS]
     values = [field.get_db_prep_save(field.pre_save(event, True), connection) for field in fields]
     aggregate = values[1]
     if expected_version is None:

@@ -146,7 +146,8 @@ class Worker:
             left = self.max_runs - self.processed
             limit = left if limit is None else min(limit, left)
         report = ResumeReport()
-        for tenant in self.tenants or [None]:
+        tenants: list[str | None] = [*self.tenants] or [None]
+        for tenant in tenants:
             if limit is not None and report.processed >= limit:
                 break
             part = resume_due_runs(
