@@ -131,33 +131,30 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
         # Skipping the UPDATE saves a statement per resume.
         return None
     if kind == et.RUN_COMPLETED:
-        return {
-            "status": RunStatus.COMPLETED,
-            "wake_at": None,
-            "suspension_type": "",
-            "awaited_event_type": "",
-            "finished_at": event.created_at,
-        }
+        return _settled(RunStatus.COMPLETED, event)
     if kind == et.RUN_FAILED:
-        return {
-            "status": RunStatus.FAILED,
-            "wake_at": None,
-            "suspension_type": "",
-            "awaited_event_type": "",
-            "step": payload.get("step") or "",
-            "failure_reason": payload.get("reason", ""),
-            "error_class": payload.get("error_class", ""),
-            "finished_at": event.created_at,
-        }
+        return _settled(
+            RunStatus.FAILED,
+            event,
+            step=payload.get("step") or "",
+            failure_reason=payload.get("reason", ""),
+            error_class=payload.get("error_class", ""),
+        )
     if kind == et.RUN_CANCELLED:
-        return {
-            "status": RunStatus.CANCELLED,
-            "wake_at": None,
-            "suspension_type": "",
-            "awaited_event_type": "",
-            "finished_at": event.created_at,
-        }
+        return _settled(RunStatus.CANCELLED, event)
     return None
+
+
+def _settled(status: str, event: Event, **fields: Any) -> dict[str, Any]:
+    """The columns of a run that has finished, one way or another."""
+    return {
+        "status": status,
+        "wake_at": None,
+        "suspension_type": "",
+        "awaited_event_type": "",
+        "finished_at": event.created_at,
+        **fields,
+    }
 
 
 def project_run_status(event: Event, replaying: bool) -> None:
