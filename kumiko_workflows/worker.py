@@ -57,15 +57,24 @@ class Listener:
     def __init__(self) -> None:
         self.conn: Any = None
 
+    def connect(self) -> bool:
+        """LISTEN if not yet listening; True if this call (re)connected.
+
+        A NOTIFY sent while nobody listened is lost, so after (re)connecting
+        the worker makes a pass before it sleeps.
+        """
+        if self.conn is not None:
+            return False
+        try:
+            self._connect()
+        except Exception as exc:
+            logger.warning("LISTEN connection failed (%s); polling instead", exc)
+            self.conn = None
+            return False
+        return True
+
     def fileno(self) -> int | None:
-        if self.conn is None:
-            try:
-                self._connect()
-            except Exception as exc:
-                logger.warning("LISTEN connection failed (%s); polling instead", exc)
-                self.conn = None
-                return None
-        return self.conn.fileno()
+        return None if self.conn is None else self.conn.fileno()
 
     def _connect(self) -> None:
         import psycopg
@@ -171,6 +180,8 @@ class Worker:
             logger.warning("SQLite allows one resume worker at a time; do not start a second one")
         self._install_signals()
         listener = Listener() if connection.vendor == "postgresql" else None
+        if listener is not None:
+            listener.connect()  # before the first pass: no NOTIFY is missed after it
         backoff = 1.0
         try:
             while not self.stopping and not self._done():
@@ -226,7 +237,7 @@ class Worker:
 
     def _sleep(self, seconds: float, listener: Listener | None) -> None:
         """Sleep up to ``seconds``; return early on NOTIFY or a signal."""
-        if listener is not None and listener.drain():
+        if listener is not None and (listener.connect() or listener.drain()):
             return
         fds = [self._wakeup_r] if self._wakeup_r is not None else []
         pg_fd = listener.fileno() if listener is not None else None
