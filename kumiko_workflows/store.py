@@ -9,6 +9,7 @@ stays usable.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -166,13 +167,14 @@ _COLUMNS = (
 )
 
 
-def _insert_sql(next_version: bool, check_previous: bool) -> str:
+@functools.cache
+def _insert_sql(vendor: str, next_version: bool, check_previous: bool) -> str:
     """One INSERT that picks (or checks) the version and never raises on a taken one.
 
     ``ON CONFLICT DO NOTHING`` makes a taken version "no row returned" instead
     of an error, so no savepoint is needed to keep the caller's transaction
     usable; the check that the expected version exists (no gaps) rides in the
-    same statement.
+    same statement. Built once per shape (and database vendor).
     """
     table = connection.ops.quote_name(Event._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(c) for c in (*_COLUMNS, "version"))
@@ -180,16 +182,15 @@ def _insert_sql(next_version: bool, check_previous: bool) -> str:
         version = f"COALESCE((SELECT MAX(version) FROM {table} WHERE aggregate_id = %s), 0) + 1"  # noqa: S608
     else:
         version = "%s"
-    where = (
-        f"EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s AND version = %s)"  # noqa: S608
-        if check_previous
-        else "1 = 1"
-    )
     placeholders = ", ".join(["%s"] * len(_COLUMNS))
-    return (
-        f"INSERT INTO {table} ({columns}) SELECT {placeholders}, {version} "  # noqa: S608
-        f"WHERE {where} ON CONFLICT (aggregate_id, version) DO NOTHING RETURNING id, version"
-    )
+    conflict = "ON CONFLICT (aggregate_id, version) DO NOTHING RETURNING id, version"
+    if check_previous:
+        return (
+            f"INSERT INTO {table} ({columns}) SELECT {placeholders}, {version} "  # noqa: S608
+            f"WHERE EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s AND version = %s) "
+            f"{conflict}"
+        )
+    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}, {version}) {conflict}"  # noqa: S608
 
 
 def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> None:
@@ -205,11 +206,11 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
     values = [field.get_db_prep_save(field.pre_save(event, True), connection) for field in fields]
     aggregate = values[1]
     if expected_version is None:
-        sql, params = _insert_sql(True, False), [*values, aggregate]
+        sql, params = _insert_sql(connection.vendor, True, False), [*values, aggregate]
     elif expected_version == 0:
-        sql, params = _insert_sql(False, False), [*values, 1]
+        sql, params = _insert_sql(connection.vendor, False, False), [*values, 1]
     else:
-        sql = _insert_sql(False, True)
+        sql = _insert_sql(connection.vendor, False, True)
         params = [*values, expected_version + 1, aggregate, expected_version]
     if expected_version is not None:
         event.version = expected_version + 1
