@@ -14,7 +14,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils.dateparse import parse_datetime
 
 from kumiko_workflows import event_types as et
@@ -204,10 +204,11 @@ def _execute(model: type[Any], verb: str, values: dict[str, Any], where: dict[st
     the ORM's query building, and a plain DELETE skips the deletion collector
     a table nothing cascades from does not need.
     """
-    key = (connection.vendor, model._meta.db_table, verb, tuple(values), tuple(where))
+    db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection
+    key = (db.vendor, model._meta.db_table, verb, tuple(values), tuple(where))
     sql = _SQL_CACHE.get(key)
     if sql is None:
-        ops = connection.ops
+        ops = db.ops
         table = ops.quote_name(model._meta.db_table)
         condition = " AND ".join(
             f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in where
@@ -221,10 +222,10 @@ def _execute(model: type[Any], verb: str, values: dict[str, Any], where: dict[st
             sql = f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
         _SQL_CACHE[key] = sql
     params = [
-        model._meta.get_field(name).get_db_prep_save(value, connection)
+        model._meta.get_field(name).get_db_prep_save(value, db)
         for name, value in (*values.items(), *where.items())
     ]
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(sql, params)
 
 

@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Field, Max
 from django.db.models.signals import post_save, pre_save
 
@@ -168,6 +168,11 @@ _COLUMNS = (
 
 
 @functools.cache
+def _column_fields() -> list[Field]:
+    return [cast(Field, Event._meta.get_field(name)) for name in _COLUMNS]
+
+
+@functools.cache
 def _insert_sql(vendor: str, next_version: bool, check_previous: bool) -> str:
     """One INSERT that picks (or checks) the version and never raises on a taken one.
 
@@ -202,41 +207,39 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
     as every engine caller does); with no projection for the type there is
     nothing to undo and the insert is one statement.
     """
-    fields = [cast(Field, Event._meta.get_field(name)) for name in _COLUMNS]
-    values = [field.get_db_prep_save(field.pre_save(event, True), connection) for field in fields]
+    db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection, not one per use
+    values = [field.get_db_prep_save(field.pre_save(event, True), db) for field in _column_fields()]
     aggregate = values[1]
     if expected_version is None:
-        sql, params = _insert_sql(connection.vendor, True, False), [*values, aggregate]
+        sql, params = _insert_sql(db.vendor, True, False), [*values, aggregate]
     elif expected_version == 0:
-        sql, params = _insert_sql(connection.vendor, False, False), [*values, 1]
+        sql, params = _insert_sql(db.vendor, False, False), [*values, 1]
     else:
-        sql = _insert_sql(connection.vendor, False, True)
+        sql = _insert_sql(db.vendor, False, True)
         params = [*values, expected_version + 1, aggregate, expected_version]
     if expected_version is not None:
         event.version = expected_version + 1
     projected = registry.handles(event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
-    pre_save.send(
-        sender=Event, instance=event, raw=False, using=connection.alias, update_fields=None
-    )
+    pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
     for _ in range(attempts):
         block = transaction.atomic(savepoint=savepoint) if projected else nullcontext()
         with block:
-            with connection.cursor() as cursor:
+            with db.cursor() as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
             if row is None:
                 continue
             event.pk, event.version = row
             event._state.adding = False
-            event._state.db = connection.alias
+            event._state.db = db.alias
             post_save.send(
                 sender=Event,
                 instance=event,
                 created=True,
                 update_fields=None,
                 raw=False,
-                using=connection.alias,
+                using=db.alias,
             )
             return
     current = Event.objects.filter(aggregate_id=event.aggregate_id).aggregate(v=Max("version"))["v"]
