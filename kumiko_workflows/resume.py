@@ -1,8 +1,9 @@
 """Resuming suspended runs, and the operations on a run: cancel, wake, retry.
 
 ``resume_due_runs`` claims due pending rows (``FOR UPDATE SKIP LOCKED`` on
-PostgreSQL, so racing workers never pick the same row), and resumes each in a
-savepoint of a per-batch transaction. The claim is appending
+PostgreSQL, so racing workers never pick the same row) a batch per
+transaction: optimistically first, and row by row in savepoints when a row
+fails. The claim is appending
 ``workflow.step.resumed`` at the version after the suspension: the stream's
 unique (aggregate_id, version) decides every race, so each suspension is
 resumed at most once.
@@ -142,12 +143,13 @@ def resume_row(
     whether ``workflow.step.resumed`` was appended. ``prefetched`` holds
     events (immutable) already loaded for the batch, by id.
 
-    Must run inside a savepoint of a transaction that holds the row. Raises
+    Must run in a transaction that holds the row, in a savepoint of its own
+    or in an optimistic batch that is redone if anything raises. Raises
     :class:`SegmentFailed` when the run fails after its claim: the caller
     unwinds the savepoint and records the failure (see :func:`resume_one`).
     """
     stream = RunStream.of_pending(row)
-    stream.savepoint = False  # the caller's savepoint around this row is unwound on errors
+    stream.savepoint = False  # the caller unwinds its savepoint (or batch) on errors
     workflow = registry.get(row.workflow_name)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
         changed = _definition_changed(row, stream)
@@ -318,10 +320,10 @@ def resume_due_runs(
 ) -> ResumeReport:
     """Resume every due run (of one tenant, or all), oldest first.
 
-    Each row runs in its own savepoint; rows are claimed
-    ``KUMIKO_WORKFLOWS['BATCH_SIZE']`` at a time per transaction. A row that
-    raises (an infrastructure error, not a failing step) is logged and
-    counted in ``errors`` and does not stop the others. ``now`` defaults to
+    Rows are claimed ``KUMIKO_WORKFLOWS['BATCH_SIZE']`` at a time per
+    transaction (see :func:`_drain_tenant`). A failing step fails its run; a
+    row that raises (an infrastructure error) is logged and counted in
+    ``errors`` and does not stop the others. ``now`` defaults to
     the current time; ``should_stop`` is polled between rows.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):

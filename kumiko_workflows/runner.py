@@ -1,10 +1,11 @@
 """Running a workflow's steps: the inline start and each resumed segment.
 
-A *segment* runs steps from a cursor until the run suspends, completes or
-fails. The steps' own writes happen in a savepoint: when a step fails, they
-are rolled back and ``workflow.run-failed`` is appended in their place, so the
-transaction around the segment (the domain write that triggered the run, or
-the resume) still commits. Raw error text goes to the log and to the mutable
+A *segment* opens with ``run-started`` or ``step.resumed`` and runs steps
+from a cursor until the run suspends, completes or fails. It runs in the
+caller's savepoint: when a step fails, the savepoint takes the steps' writes
+back, and the opening event and ``workflow.run-failed`` are written in their
+place (:class:`SegmentFailed`), so the transaction around the segment (the
+domain write that triggered the run, or the resume) still commits. Raw error text goes to the log and to the mutable
 ``WorkflowRun.last_error``, never into an event.
 """
 
