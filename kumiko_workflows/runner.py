@@ -5,8 +5,9 @@ from a cursor until the run suspends, completes or fails. It runs in the
 caller's savepoint: when a step fails, the savepoint takes the steps' writes
 back, and the opening event and ``workflow.run-failed`` are written in their
 place (:class:`SegmentFailed`), so the transaction around the segment (the
-domain write that triggered the run, or the resume) still commits. Raw error text goes to the log and to the mutable
-``WorkflowRun.last_error``, never into an event.
+domain write that triggered the run, or the resume) still commits. Raw
+error text goes to the log and to the mutable ``WorkflowRun.last_error``,
+never into an event.
 """
 
 from __future__ import annotations
