@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.definition import parse_path, registry
+from kumiko_workflows.definition import Workflow, parse_path, registry
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     RunNotFound,
@@ -96,8 +96,7 @@ class ResumeReport:
         return " ".join(f"{key}={value}" for key, value in self.as_dict().items())
 
 
-def _definition_changed(row: WorkflowRunPending, stream: RunStream) -> str:
-    workflow = registry.get(row.workflow_name)
+def _definition_changed(row: WorkflowRunPending, workflow: Workflow | None) -> str:
     if workflow is None:
         return f"workflow {row.workflow_name!r} is not registered (was it removed or renamed?)"
     started = Event.objects.filter(aggregate_id=row.run_id, version=1).first()
@@ -125,10 +124,7 @@ def _state_problem(state: Any) -> str | None:
 
 def _wanted_events(row: WorkflowRunPending) -> set[int]:
     """Ids of the events a resume of ``row`` reads: the trigger and the awaited ones."""
-    state = row.state if isinstance(row.state, dict) else {}  # tampered: resume_row says so
-    awaited = state.get("awaited") or {}
-    ids = [row.trigger_event_id, row.awaited_event_id]
-    ids.extend(awaited.values() if isinstance(awaited, dict) else ())
+    ids = [row.trigger_event_id, row.awaited_event_id, *row.awaited_refs().values()]
     return {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
 
 
@@ -152,7 +148,7 @@ def resume_row(
     stream.savepoint = False  # the caller unwinds its savepoint (or batch) on errors
     workflow = registry.get(row.workflow_name)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
-        changed = _definition_changed(row, stream)
+        changed = _definition_changed(row, workflow)
         try:
             fail_run(
                 stream,
@@ -200,7 +196,7 @@ def resume_row(
         },
     )
     state = row.state or {}
-    awaited: dict[str, int | None] = dict(state.get("awaited") or {})
+    awaited: dict[str, int | None] = dict(row.awaited_refs())
     wanted = _wanted_events(row)
     if prefetched is not None and wanted <= prefetched.keys():
         events = {i: prefetched[i] for i in wanted}

@@ -663,6 +663,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id, savepoint=False
     )
     opening = (event_types.RUN_STARTED, started)
+    fresh = stream.mark()
     try:
         try:
             with transaction.atomic():
@@ -699,20 +700,17 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
             event.id,
             run_id,
         )
+        stream.rewind(fresh)  # the failed block's appends were rolled back
+        failure = Failure(
+            INTERNAL_ERROR,
+            "",
+            f"starting the run raised {type(exc).__name__}",
+            error_class=type(exc).__name__,
+            detail=str(exc),
+        )
         try:
             with transaction.atomic():
-                stream.version = 0
-                stream.append(event_types.RUN_STARTED, started)
-                fail_run(
-                    stream,
-                    Failure(
-                        INTERNAL_ERROR,
-                        "",
-                        f"starting the run raised {type(exc).__name__}",
-                        error_class=type(exc).__name__,
-                        detail=str(exc),
-                    ),
-                )
+                SegmentFailed(stream, opening, failure, state=None, retry_from=None).record()
         except Exception:
             logger.exception(
                 "workflow=%s run=%s failure could not be recorded", workflow.name, run_id
