@@ -212,3 +212,100 @@ def _describe(node: dict[str, Any]) -> str:
         values = ", ".join(json.dumps(v) for v in op["values"])
         return f"{path} is one of [{values}]"
     return f"{path} {_OP_WORDS[op['kind']]} {json.dumps(op['value'])}"
+
+
+# --- correlation keys ---------------------------------------------------------
+#
+# A waiting run is found by what its match *requires*, not by evaluating every
+# waiting run: ``required_keys`` gives a set of (path, value) equalities such
+# that any matching payload has at least one of them. The wait is stored under
+# each; an appended event looks up the keys its payload offers on the paths in
+# use, and only those candidates are evaluated in full.
+
+#: Longest canonical path or value kept as a key; a longer one is not indexed.
+MAX_KEY_TEXT = 255
+
+Key = tuple[str, str]  # (canonical path, canonical value)
+
+
+def canonical_value(value: Any) -> str | None:
+    """The text two :func:`matches`-equal scalars share, or None if not a scalar.
+
+    ``1`` and ``1.0`` are equal for ``eq`` and so share ``"1"``; ``True`` and
+    ``1`` are not and do not. Strings keep their JSON quotes, so ``"1"`` and
+    ``1`` differ too.
+    """
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return None
+
+
+def canonical_path(path: list[Any]) -> str:
+    return json.dumps(path, ensure_ascii=False, separators=(",", ":"))
+
+
+def _key(path: list[Any], value: Any) -> Key | None:
+    text = canonical_value(value)
+    path_text = canonical_path(path)
+    if text is None or max(len(text), len(path_text)) > MAX_KEY_TEXT:
+        return None
+    if "\x00" in text or "\x00" in path_text:
+        return None  # no database column holds NUL; such a wait is scanned instead
+    return path_text, text
+
+
+def _required(node: dict[str, Any]) -> frozenset[Key] | None:
+    kind = node["kind"]
+    if kind == "and":
+        # Any one conjunct's keys will do: take the narrowest.
+        options = [keys for keys in map(_required, node["nodes"]) if keys is not None]
+        return min(options, key=len) if options else None
+    if kind == "or":
+        union: set[Key] = set()
+        for child in node["nodes"]:
+            keys = _required(child)
+            if keys is None:
+                return None  # a branch that needs no key: no key is needed
+            union |= keys
+        return frozenset(union)
+    op = node["op"]
+    if op["kind"] == "eq":
+        values = [op["value"]]
+    elif op["kind"] == "in":
+        values = op["values"]
+    else:
+        return None
+    found = [_key(node["path"], value) for value in values]
+    if any(key is None for key in found):
+        return None
+    return frozenset(key for key in found if key is not None)
+
+
+def required_keys(expression: dict[str, Any] | None) -> frozenset[Key] | None:
+    """Keys of which every matching payload offers at least one; None if none is required.
+
+    A wait whose match gives None is on the scan path: each event of its type
+    is evaluated against it. An empty set means nothing can match (``in []``).
+    ``expression`` must have passed :func:`validate`.
+    """
+    if expression is None:
+        return None
+    return _required(expression["expr"])
+
+
+def offered_keys(payload: Any, paths: list[str]) -> set[Key]:
+    """The keys ``payload`` offers on the given canonical paths."""
+    keys = set()
+    for path_text in paths:
+        value = _lookup(payload, json.loads(path_text))
+        if value is not _MISSING:
+            key = _key(json.loads(path_text), value)
+            if key is not None:
+                keys.add(key)
+    return keys

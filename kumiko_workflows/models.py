@@ -166,6 +166,22 @@ class WorkflowRunPendingQuerySet(models.QuerySet):
     def for_tenant(self, tenant_id: str | None) -> WorkflowRunPendingQuerySet:
         return self if tenant_id is None else self.filter(tenant_id=tenant_id)
 
+    def keyed(self, tenant_id: str, event_type: str, keys: set[tuple[str, str]]) -> Any:
+        """``wait_for_event`` rows of the tenant stored under any of ``keys``."""
+        if not keys:
+            return self.none()
+        wanted = Q()
+        for path, value in keys:
+            wanted |= Q(path=path, value=value)
+        runs = WorkflowWaitKey.objects.filter(wanted, tenant_id=tenant_id, event_type=event_type)
+        return self.filter(tenant_id=tenant_id, run_id__in=runs.values("run_id")).waiting_for(
+            event_type
+        )
+
+    def scanned(self, tenant_id: str, event_type: str) -> WorkflowRunPendingQuerySet:
+        """``wait_for_event`` rows of the tenant whose match requires no equality."""
+        return self.filter(tenant_id=tenant_id, match_scan=True).waiting_for(event_type)
+
 
 class WorkflowRunPending(models.Model):
     """One suspended step of one run, and when it is due.
@@ -190,6 +206,11 @@ class WorkflowRunPending(models.Model):
     awaits_key = models.CharField(max_length=200, blank=True, default="")
     match_expr = models.JSONField(null=True, blank=True)
     awaited_event_id = models.BigIntegerField(null=True, blank=True)
+    match_scan = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="The match requires no equality, so every event of the type is evaluated.",
+    )
     trigger_event_id = models.BigIntegerField(null=True, blank=True)
     run_version = models.PositiveIntegerField()
     state = models.JSONField(default=dict)
@@ -208,7 +229,11 @@ class WorkflowRunPending(models.Model):
         ]
         indexes = [
             models.Index(fields=["tenant_id", "wake_at"], name="kw_pending_due"),
-            models.Index(fields=["tenant_id", "wait_event_type"], name="kw_pending_awaiting"),
+            models.Index(
+                fields=["tenant_id", "wait_event_type"],
+                condition=Q(match_scan=True),
+                name="kw_pending_scan",
+            ),
         ]
         verbose_name = "pending workflow run"
 
@@ -220,3 +245,68 @@ class WorkflowRunPending(models.Model):
         state = self.state if isinstance(self.state, dict) else {}
         awaited = state.get("awaited")
         return awaited if isinstance(awaited, dict) else {}
+
+
+class WorkflowWaitKey(models.Model):
+    """One equality a waiting run's match requires: how an awaited event finds it.
+
+    A wait whose match requires ``user_id = 42`` is stored under
+    (``user.verified``, ``["user_id"]``, ``42``); one that accepts any of
+    several values (``in``, ``or``) under each. Written by the pending
+    projection with the ``waiting-for-event`` event, so it rebuilds from the
+    run streams; rows of a run that moved on are harmless (lookups join the
+    pending table) and go when the run waits again or ends.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    run_id = models.UUIDField()
+    event_type = models.CharField(max_length=200)
+    path = models.CharField(max_length=255, help_text="The payload path, as canonical JSON.")
+    value = models.CharField(max_length=255, help_text="The value, as canonical JSON.")
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["tenant_id", "event_type", "path", "value"], name="kw_waitkey_lookup"
+            ),
+            models.Index(fields=["tenant_id", "run_id"], name="kw_waitkey_run"),
+        ]
+        verbose_name = "wait key"
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.path} = {self.value} (run {self.run_id})"
+
+
+class WakeCheck(models.Model):
+    """A wake-up still to be decided after its transaction commits (PostgreSQL).
+
+    Two transactions cannot see each other's rows until they commit, so an
+    awaited event (``event_id``) and a run suspending on ``wait_for_event``
+    (``run_id``) each leave one of these, in their own transaction. Whoever
+    takes it after the commit (the appending process at once, or any worker
+    pass) matches it against what is committed then, and deletes it in the
+    same transaction as the wake-up it caused. It stays while a candidate row
+    is locked by someone else, so a lock never makes a wake-up vanish.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    event_id = models.BigIntegerField(null=True, blank=True)
+    run_id = models.UUIDField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    attempts = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant_id", "id"], name="kw_wakecheck_tenant")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(event_id__isnull=False) | Q(run_id__isnull=False),
+                name="kw_wakecheck_has_subject",
+            ),
+        ]
+        verbose_name = "pending wake-up check"
+
+    def __str__(self) -> str:
+        subject = f"event #{self.event_id}" if self.event_id else f"run {self.run_id}"
+        return f"wake-up check of {subject}"

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
 from kumiko_workflows.projections import registry as projection_registry
 
 #: Events replayed per query; each batch is read in full before it is replayed.
@@ -26,6 +26,7 @@ BATCH = 1000
 
 RUN_FIELDS = [f.attname for f in WorkflowRun._meta.concrete_fields if f.attname != "last_error"]
 PENDING_FIELDS = [f.attname for f in WorkflowRunPending._meta.concrete_fields if f.attname != "id"]
+KEY_FIELDS = ["tenant_id", "run_id", "event_type", "path", "value"]
 
 Rows = dict[Any, dict[str, Any]]
 
@@ -43,6 +44,9 @@ class Difference:
         if self.table == "run":
             (run_id,) = self.key
             return f"run {run_id}"
+        if self.table == "key":
+            tenant, run_id, event_type, path, value = self.key
+            return f"wait key {event_type} {path} = {value} of run {run_id} (tenant {tenant})"
         tenant, run_id, step = self.key
         return f"pending row of run {run_id} at step {step!r} (tenant {tenant})"
 
@@ -67,13 +71,14 @@ class RebuildResult:
     applied: bool
 
 
-def _snapshot() -> tuple[Rows, Rows]:
+def _snapshot() -> tuple[Rows, Rows, Rows]:
     runs = {(row["run_id"],): row for row in WorkflowRun.objects.values(*RUN_FIELDS)}
     pending = {
         (row["tenant_id"], row["run_id"], row["step"]): row
         for row in WorkflowRunPending.objects.values(*PENDING_FIELDS)
     }
-    return runs, pending
+    keys = {tuple(row.values()): row for row in WorkflowWaitKey.objects.values(*KEY_FIELDS)}
+    return runs, pending, keys
 
 
 def _compare(table: str, before: Rows, after: Rows) -> list[Difference]:
@@ -98,10 +103,10 @@ def _lock_tables() -> None:
     rebuilt rows); a rebuild never mixes with a half-applied event.
     """
     if connection.vendor == "postgresql":
-        # WorkflowRun first: the projections write it before the pending table.
+        # In the order the projections write them.
         tables = ", ".join(
             connection.ops.quote_name(model._meta.db_table)
-            for model in (WorkflowRun, WorkflowRunPending)
+            for model in (WorkflowRun, WorkflowRunPending, WorkflowWaitKey)
         )
         with connection.cursor() as cursor:
             cursor.execute(f"LOCK TABLE {tables} IN EXCLUSIVE MODE")
@@ -154,16 +159,19 @@ def rebuild(
     """
     with transaction.atomic():
         _lock_tables()
-        before_runs, before_pending = _snapshot()
+        before_runs, before_pending, before_keys = _snapshot()
         errors = list(
             WorkflowRun.objects.exclude(last_error="").values_list("run_id", "last_error")
         )
+        WorkflowWaitKey.objects.all().delete()
         WorkflowRunPending.objects.all().delete()
         WorkflowRun.objects.all().delete()
         events = replay(progress)
-        after_runs, after_pending = _snapshot()
-        differences = _compare("run", before_runs, after_runs) + _compare(
-            "pending", before_pending, after_pending
+        after_runs, after_pending, after_keys = _snapshot()
+        differences = (
+            _compare("run", before_runs, after_runs)
+            + _compare("pending", before_pending, after_pending)
+            + _compare("key", before_keys, after_keys)
         )
         if apply:
             _restore_errors((run_id, text) for run_id, text in errors if (run_id,) in after_runs)

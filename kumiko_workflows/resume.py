@@ -38,22 +38,18 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.runner import (
+from kumiko_workflows.runner import Cursor, RunContext, SegmentFailed, run_segment
+from kumiko_workflows.steps import Retry, Step, Wait, WaitForEvent
+from kumiko_workflows.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
     INVALID_PENDING_ROW,
     TRIGGER_EVENT_UNAVAILABLE,
-    Cursor,
     Failure,
-    RunContext,
     RunStream,
-    SegmentFailed,
     fail_run,
-    look_back,
-    look_back_floor,
-    run_segment,
 )
-from kumiko_workflows.steps import Retry, Step, Wait, WaitForEvent
+from kumiko_workflows.wakeups import decide_waiting_checks, look_back, look_back_floor
 
 logger = logging.getLogger("kumiko_workflows.resume")
 
@@ -324,6 +320,9 @@ def resume_due_runs(
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+    # Wake-ups not yet decided (their process died after commit, or a row
+    # was locked) first, so the runs they wake are due in this pass.
+    decide_waiting_checks(tenant_id)
     # Rows due at the pass's start are picked; each runs at its own moment, so
     # waits and backoffs it starts are not shortened by a long pass.
     fixed = now
@@ -465,7 +464,16 @@ def _append_to_run(
             run.trigger_event_id,
         )
         try:
-            stream.append(type, payload(run), created_by=created_by or "")
+            with transaction.atomic():
+                # The lock order of every writer to a run: its pending rows,
+                # then its stream. A worker or a wake-up holding them is
+                # waited for, never deadlocked with.
+                list(
+                    WorkflowRunPending.objects.select_for_update().filter(
+                        tenant_id=run.tenant_id, run_id=run.run_id
+                    )
+                )
+                stream.append(type, payload(run), created_by=created_by or "")
         except VersionConflict:
             continue  # the run moved (a worker resumed it): look again
         return True

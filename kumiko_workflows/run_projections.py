@@ -2,43 +2,38 @@
 
 Both are pure functions of the event store: each column comes from an event's
 payload, version or ``created_at`` (never the clock), so a replay gives the
-same rows. The wake-up projection reads domain events of awaited types and
-marks matching pending rows due; on PostgreSQL a row becoming due now also
-NOTIFYs the workers, delivered when the transaction commits.
+same rows; so are the wait keys stored beside a ``wait_for_event`` row. On
+PostgreSQL a row becoming due now also NOTIFYs the workers, delivered when
+the transaction commits. Waking runs on awaited events is a reaction, not a
+projection: see :mod:`kumiko_workflows.wakeups`.
 """
 
 from __future__ import annotations
 
 import logging
-from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.utils.dateparse import parse_datetime
 
 from kumiko_workflows import event_types as et
-from kumiko_workflows import matching
+from kumiko_workflows import matching, wakeups
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import registry
-from kumiko_workflows.exceptions import VersionConflict
+from kumiko_workflows.exceptions import InvalidMatchExpression
 from kumiko_workflows.models import (
     Event,
     RunStatus,
     SuspensionType,
     WorkflowRun,
     WorkflowRunPending,
+    WorkflowWaitKey,
 )
+from kumiko_workflows.runner import trigger_projection
+from kumiko_workflows.streams import pending_cleared
 
 logger = logging.getLogger("kumiko_workflows.projections")
-
-#: (run id, version) of an event about to be appended whose stream has no
-#: pending rows for sure: the stream's previous event was appended by the same
-#: ``RunStream`` in the same transaction and left none (a start, a resume or an
-#: end). Lets the pending projection skip a DELETE that would find nothing.
-pending_cleared: ContextVar[tuple[Any, int] | None] = ContextVar(
-    "kumiko_pending_cleared", default=None
-)
 
 _PENDING_UPDATE_FIELDS = [
     "workflow_name",
@@ -51,6 +46,7 @@ _PENDING_UPDATE_FIELDS = [
     "awaits_key",
     "match_expr",
     "awaited_event_id",
+    "match_scan",
     "trigger_event_id",
     "run_version",
     "state",
@@ -256,6 +252,7 @@ def _pending_row(event: Event) -> WorkflowRunPending:
         row.wait_event_type = payload["event_type"]
         row.awaits_key = payload["awaits_key"]
         row.match_expr = payload.get("match")
+        row.match_scan = _wait_keys(row.match_expr) is None
     elif kind == et.RETRY_SCHEDULED:
         row.suspension_type = SuspensionType.RETRY
         row.wake_at = _instant(payload["wake_at"])
@@ -266,10 +263,39 @@ def _pending_row(event: Event) -> WorkflowRunPending:
     return row
 
 
+def _wait_keys(match: Any) -> frozenset[matching.Key] | None:
+    """The keys a wait is stored under; None puts it on the scan path.
+
+    A stored match that does not validate is scanned: evaluating it then
+    fails the run with ``invalid_match``, as it should.
+    """
+    if match is None:
+        return None
+    try:
+        return matching.required_keys(matching.validate(match))
+    except InvalidMatchExpression:
+        return None
+
+
+def _store_keys(event: Event, row: WorkflowRunPending, cleared: bool) -> None:
+    """Store the wait under the keys its match requires, replacing the run's old ones."""
+    where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}
+    if not cleared:
+        _delete(WorkflowWaitKey, where)
+    keys = _wait_keys(row.match_expr) or ()
+    WorkflowWaitKey.objects.bulk_create(
+        WorkflowWaitKey(**where, event_type=row.wait_event_type, path=path, value=value)
+        for path, value in sorted(keys)
+    )
+
+
 def project_pending(event: Event, replaying: bool) -> None:
     if not is_run_event(event):
         return
     kind = event.type
+    # Keys exist only while the run's pending row waits for an event: they
+    # go when that wait resumes and when the run ends.
+    cleared = pending_cleared.get() == (event.aggregate_id, event.version)
     if kind in et.SUSPENSIONS:
         row = _pending_row(event)
         # Upsert: a suspension projected twice (at-least-once) leaves one row.
@@ -279,6 +305,8 @@ def project_pending(event: Event, replaying: bool) -> None:
             unique_fields=["tenant_id", "run_id", "step"],
             update_fields=_PENDING_UPDATE_FIELDS,
         )
+        if kind == et.WAITING_FOR_EVENT:
+            _store_keys(event, row, cleared)
         if not replaying and row.wake_at is not None and row.wake_at <= event.created_at:
             notify_due(event.tenant_id)
     elif kind == et.WAKE_REQUESTED:
@@ -294,169 +322,27 @@ def project_pending(event: Event, replaying: bool) -> None:
         if not replaying:
             notify_due(event.tenant_id)
     elif kind == et.RESUMED or kind in et.TERMINAL:
-        if pending_cleared.get() == (event.aggregate_id, event.version):
+        if cleared:
             return  # the stream's previous event, in this transaction, deleted them
-        _delete(WorkflowRunPending, {"tenant_id": event.tenant_id, "run_id": event.aggregate_id})
-
-
-# --- event wake-up ------------------------------------------------------------
-
-
-def project_wakeup(event: Event, replaying: bool) -> None:
-    """Wake the pending ``wait_for_event`` rows that ``event`` satisfies.
-
-    Each woken run gets a ``workflow.wake-requested`` event naming ``event``
-    (the awaited event reference), so the pending table stays a function of
-    the run streams alone. The first matching event wins: a row that already
-    references an awaited event is left alone. A stored match expression
-    that cannot be evaluated fails that run (``invalid_match``) instead of
-    failing the domain write.
-    """
-    from kumiko_workflows.runner import INVALID_MATCH, Failure, RunStream, fail_run
-
-    recheck_after_commit(event.tenant_id, event.type, event_id=event.id)
-    rows = (
-        WorkflowRunPending.objects.for_tenant(event.tenant_id)
-        .waiting_for(event.type)
-        .filter(trigger_event_id__lt=event.id)
-    )
-    if connection.features.has_select_for_update_skip_locked:
-        # A row a worker holds is being resumed right now (its timeout, or a
-        # wake request); that resume looks for this event itself. Waiting for
-        # the worker's lock could deadlock against the caller's own rows.
-        rows = rows.select_for_update(skip_locked=True)
-    for row in rows:
-        try:
-            matched = _satisfies(row, event)
-        except Exception as exc:
-            logger.error(
-                "run=%s step=%s has a match expression that cannot be evaluated: %s",
-                row.run_id,
-                row.step,
-                exc,
-            )
-            try:
-                fail_run(
-                    RunStream.of_pending(row),
-                    Failure(
-                        INVALID_MATCH,
-                        row.step,
-                        f"step {row.step}: its match expression cannot be evaluated",
-                        error_class=type(exc).__name__,
-                        detail=str(exc),
-                    ),
-                    state=row.state,
-                    retry_from=row.step,
-                )
-            except Exception:
-                logger.exception("run=%s could not be marked failed", row.run_id)
-            continue
-        if matched:
-            wake_with(row, event)
-
-
-def wake_with(row: WorkflowRunPending, event: Event) -> bool:
-    """Append ``workflow.wake-requested`` naming ``event`` as the row's awaited event.
-
-    False if the run moved on meanwhile (resumed, cancelled): its stream
-    version decides, as for every write to a run.
-    """
-    from kumiko_workflows.runner import RunStream
-
-    try:
-        with transaction.atomic():
-            RunStream.of_pending(row).append(
-                et.WAKE_REQUESTED,
-                {
-                    "workflow_name": row.workflow_name,
-                    "step": row.step,
-                    "by": "kumiko_workflows",
-                    "awaited_event_id": event.id,
-                },
-            )
-    except VersionConflict:
-        return False
-    return True
-
-
-def recheck_after_commit(
-    tenant_id: str, event_type: str, *, run_id: Any = None, event_id: int | None = None
-) -> None:
-    """After commit, look again for awaited events a concurrent transaction hid.
-
-    A run suspending on ``wait_for_event`` and an awaited event appended at
-    the same moment in another transaction cannot see each other's rows
-    (READ COMMITTED). So each side looks again once it has committed: the
-    suspension for matching events (``run_id``), the event for waiting rows
-    (``event_id``). Whichever commits second sees the other, and wakes the
-    run through a ``workflow.wake-requested`` event naming the awaited event.
-    SQLite has one writer at a time, so it needs none of this.
-    """
-    if connection.vendor != "postgresql":
-        return
-
-    def recheck() -> None:
-        from kumiko_workflows.runner import look_back, look_back_floor
-
-        try:
-            with transaction.atomic():
-                rows = (
-                    WorkflowRunPending.objects.for_tenant(tenant_id)
-                    .waiting_for(event_type)
-                    .select_for_update(skip_locked=True)
-                )
-                if run_id is not None:
-                    rows = rows.filter(run_id=run_id)
-                event = Event.objects.filter(pk=event_id).first() if event_id else None
-                if event_id and event is None:
-                    return
-                for row in rows:
-                    if event is not None:
-                        # Ids follow insert order, not commit order: an event
-                        # that committed after the run suspended may carry a
-                        # lower id than its trigger, yet it came "after".
-                        found = event if _satisfies(row, event, after_trigger=False) else None
-                    else:
-                        found = look_back(
-                            tenant_id,
-                            event_type,
-                            row.match_expr,
-                            look_back_floor(row.trigger_event_id, row.awaited_refs()),
-                            until=row.timeout_at,
-                        )
-                    if found is not None:
-                        wake_with(row, found)
-        except Exception:
-            logger.exception(
-                "tenant=%s event_type=%s re-check for awaited events failed", tenant_id, event_type
-            )
-
-    transaction.on_commit(recheck)
-
-
-def _satisfies(row: WorkflowRunPending, event: Event, *, after_trigger: bool = True) -> bool:
-    """Whether ``event`` can end the row's wait: in time, new to the run, and matching."""
-    from kumiko_workflows.runner import look_back_floor
-
-    if row.timeout_at is not None and event.created_at > row.timeout_at:
-        return False  # too late: the wait timed out first, however late the worker is
-    if after_trigger and event.id <= look_back_floor(row.trigger_event_id, row.awaited_refs()):
-        return False
-    expression = None if row.match_expr is None else matching.validate(row.match_expr)
-    return matching.matches(expression, event.payload)
+        where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}
+        _delete(WorkflowRunPending, where)
+        if kind in et.TERMINAL or event.payload.get("suspension_type") == SuspensionType.EVENT:
+            _delete(WorkflowWaitKey, where)
 
 
 def register(projections: Any) -> None:
     """Register the built-in projections, in the order they must run."""
-    from kumiko_workflows.runner import trigger_projection
-
     projections.register(
         "kumiko_workflows.run_status", set(et.RUN_EVENTS), project_run_status, order=10
     )
     projections.register("kumiko_workflows.pending", set(et.RUN_EVENTS), project_pending, order=20)
     # The wake-up appends run events: a replay replays those, not the wake-up.
     projections.register(
-        "kumiko_workflows.wakeup", registry.is_awaited, project_wakeup, order=30, replay=False
+        "kumiko_workflows.wakeup",
+        registry.is_awaited,
+        wakeups.project_wakeup,
+        order=30,
+        replay=False,
     )
     projections.register(
         "kumiko_workflows.trigger", registry.is_trigger, trigger_projection, order=40, replay=False

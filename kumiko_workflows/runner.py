@@ -13,16 +13,15 @@ never into an event.
 from __future__ import annotations
 
 import logging
-import traceback
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 
-from kumiko_workflows import durations, event_types, matching
+from kumiko_workflows import durations, event_types, matching, wakeups
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import (
     CronTrigger,
@@ -40,29 +39,24 @@ from kumiko_workflows.exceptions import (
     VersionConflict,
 )
 from kumiko_workflows.jsonvalues import NotJSON, to_json
-from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.run_projections import pending_cleared, recheck_after_commit
+from kumiko_workflows.models import Event
 from kumiko_workflows.steps import Branch, Compute, Retry, Step, Wait, WaitForEvent
-from kumiko_workflows.store import append_event, engine_stream
+from kumiko_workflows.store import append_event
+from kumiko_workflows.streams import (
+    FILTER_FAILED,
+    IDEMPOTENCY_KEY_FAILED,
+    INTERNAL_ERROR,
+    INVALID_STEP_ARGUMENT,
+    INVALID_STEP_RESULT,
+    STEP_FAILED,
+    Failure,
+    RunStream,
+    fail_run,
+    raised,
+    set_last_error,
+)
 
 logger = logging.getLogger("kumiko_workflows.runner")
-
-# Machine-readable reasons of workflow.run-failed.
-STEP_FAILED = "step_failed"
-INVALID_STEP_ARGUMENT = "invalid_step_argument"
-INVALID_STEP_RESULT = "invalid_step_result"
-FILTER_FAILED = "filter_failed"
-IDEMPOTENCY_KEY_FAILED = "idempotency_key_failed"
-DEFINITION_CHANGED = "workflow_definition_changed"
-TRIGGER_EVENT_UNAVAILABLE = "trigger_event_unavailable"
-AWAITED_EVENT_UNAVAILABLE = "awaited_event_unavailable"
-INVALID_MATCH = "invalid_match"
-INVALID_PENDING_ROW = "invalid_pending_row"
-INTERNAL_ERROR = "internal_error"
-
-#: Look-back scans at most this many candidate events per wait.
-LOOK_BACK_LIMIT = 10_000
-
 
 class RunContext:
     """What a step's callables receive as ``ctx``.
@@ -114,100 +108,11 @@ class RunContext:
         return {"results": results, "awaited": dict(self.awaited)}
 
 
-_CLEARS_PENDING = frozenset({event_types.RUN_STARTED, event_types.RESUMED, *event_types.TERMINAL})
-
-
-@dataclass
-class RunStream:
-    """The run's event stream, appended at strictly increasing versions."""
-
-    run_id: uuid.UUID
-    tenant_id: str
-    workflow_name: str
-    version: int
-    fingerprint: str
-    trigger_event_id: int | None
-    #: False when every append happens inside an atomic block that is unwound
-    #: on any error (the resume row's, the inline start's): no savepoint each.
-    savepoint: bool = True
-    #: Whether this object's last append left the run without pending rows.
-    _no_pending: bool = field(default=False, init=False, repr=False)
-
-    @classmethod
-    def of_pending(cls, row: Any) -> RunStream:
-        """The stream of a pending row's run, positioned after its suspension."""
-        return cls(
-            row.run_id,
-            row.tenant_id,
-            row.workflow_name,
-            row.run_version,
-            row.definition_fingerprint,
-            row.trigger_event_id,
-        )
-
-    def mark(self) -> tuple[int, bool]:
-        """Where the stream stands, to :meth:`rewind` to after a savepoint rolls back."""
-        return self.version, self._no_pending
-
-    def rewind(self, mark: tuple[int, bool]) -> None:
-        self.version, self._no_pending = mark
-
-    def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
-        hint = None
-        if self._no_pending:
-            hint = pending_cleared.set((self.run_id, self.version + 1))
-        try:
-            with engine_stream():
-                event = append_event(
-                    self.run_id,
-                    event_types.RUN_AGGREGATE_TYPE,
-                    type,
-                    payload,
-                    tenant_id=self.tenant_id,
-                    expected_version=self.version,
-                    created_by=created_by or "kumiko_workflows",
-                    savepoint=self.savepoint,
-                )
-        finally:
-            if hint is not None:
-                pending_cleared.reset(hint)
-        self.version = event.version
-        # A new stream has no pending rows; a resume or an end deletes them.
-        self._no_pending = type in _CLEARS_PENDING
-        return event
-
-
 class Suspend(Exception):
     def __init__(self, type: str, payload: dict[str, Any]) -> None:
         super().__init__(type)
         self.type = type
         self.payload = payload
-
-
-@dataclass
-class Failure(Exception):
-    reason: str
-    step: str
-    message: str  # generic, safe for an immutable event
-    error_class: str = ""
-    detail: str = ""  # raw text: log and WorkflowRun.last_error only
-    exc: BaseException | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        Exception.__init__(self, self.message)
-
-
-def raised(reason: str, step: str, what: str, exc: BaseException) -> Failure:
-    """A failure caused by user code raising ``exc``: generic text, class, traceback."""
-    name = type(exc).__name__
-    return Failure(
-        reason,
-        step,
-        f"{what} {name}",
-        error_class=name,
-        detail="".join(traceback.format_exception(exc)),
-        exc=exc,
-    )
 
 
 @dataclass
@@ -334,17 +239,17 @@ class Executor:
                     path, INVALID_STEP_ARGUMENT, f"timeout={timeout!r}: {exc}"
                 ) from None
         event_type = self.workflow.awaits[step.awaits_key]
-        found = look_back(
+        found = wakeups.look_back(
             self.ctx.tenant_id,
             event_type,
             match,
-            look_back_floor(self.ctx.event.id, self.ctx.awaited),
+            wakeups.look_back_floor(self.ctx.event.id, self.ctx.awaited),
         )
         if found is not None:
             self.ctx.steps[step.awaits_key] = found.payload
             self.ctx.awaited[step.awaits_key] = found.id
             return
-        recheck_after_commit(self.ctx.tenant_id, event_type, run_id=self.ctx.run_id)
+        wakeups.suspended_on_event(self.ctx.tenant_id, self.ctx.run_id)
         raise Suspend(
             event_types.WAITING_FOR_EVENT,
             {
@@ -431,86 +336,6 @@ class Executor:
                 },
             ) from None
         self.ctx.retry_attempt = 1
-
-
-def look_back_floor(trigger_event_id: int | None, awaited: Mapping[str, Any]) -> int:
-    """The id an awaited event must follow: the trigger's, or a later awaited one's.
-
-    So a second wait for the same event type never takes the event an
-    earlier wait of the run already took.
-    """
-    ids = [i for i in (awaited or {}).values() if isinstance(i, int)]
-    return max([trigger_event_id or 0, *ids])
-
-
-def look_back(
-    tenant_id: str,
-    event_type: str,
-    match: dict[str, Any] | None,
-    after_id: int,
-    until: datetime | None = None,
-) -> Event | None:
-    """The earliest matching event of ``event_type`` in the tenant after ``after_id``.
-
-    ``until`` (a wait's timeout) excludes events appended after it: an event
-    that came too late does not count, however late the worker runs.
-    """
-    candidates = Event.objects.of_type_after(tenant_id, event_type, after_id)
-    if until is not None:
-        candidates = candidates.filter(created_at__lte=until)
-    scanned = 0
-    for event in candidates.only("id", "payload")[:LOOK_BACK_LIMIT].iterator(chunk_size=200):
-        scanned += 1
-        if matching.matches(match, event.payload):
-            return event
-    if scanned >= LOOK_BACK_LIMIT:
-        logger.warning(
-            "tenant=%s event_type=%s look-back gave up after %d candidate events; "
-            "the wait relies on the wake-up from here on",
-            tenant_id,
-            event_type,
-            LOOK_BACK_LIMIT,
-        )
-    return None
-
-
-def set_last_error(run_id: uuid.UUID, detail: str) -> None:
-    if detail:
-        WorkflowRun.objects.filter(run_id=run_id).update(last_error=detail[:20_000])
-
-
-def fail_run(
-    stream: RunStream,
-    failure: Failure,
-    *,
-    state: dict[str, Any] | None = None,
-    retry_from: str | None = None,
-) -> Event:
-    """Append ``workflow.run-failed`` (generic text only) and record the raw error."""
-    event = stream.append(
-        event_types.RUN_FAILED,
-        {
-            "workflow_name": stream.workflow_name,
-            "definition_fingerprint": stream.fingerprint,
-            "step": failure.step,
-            "reason": failure.reason,
-            "error": failure.message,
-            "error_class": failure.error_class,
-            "retry_from": retry_from,
-            "state": state or {"results": {}, "awaited": {}},
-        },
-    )
-    logger.error(
-        "workflow=%s run=%s step=%s reason=%s failed: %s",
-        stream.workflow_name,
-        stream.run_id,
-        failure.step,
-        failure.reason,
-        failure.message,
-        exc_info=failure.exc,
-    )
-    set_last_error(stream.run_id, failure.detail or failure.message)
-    return event
 
 
 class SegmentFailed(Exception):

@@ -137,6 +137,18 @@ await_verification = define_workflow(
     ],
 )
 
+await_after_a_wait = define_workflow(
+    name="t-event-later",
+    trigger=on_event("t.signed-up-later"),
+    idempotency_key=run_key,
+    awaits={"verified": "t.verified"},
+    steps=[
+        steps.wait(payload_value("for", "PT0S")),
+        steps.wait_for_event("verified", match=user_match, timeout="P7D"),
+        steps.compute("after", record("after")),
+    ],
+)
+
 failing = define_workflow(
     name="t-fail",
     trigger=on_event("t.fail"),

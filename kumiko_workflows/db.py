@@ -1,0 +1,52 @@
+"""Statements the ORM cannot say well, and the differences between databases.
+
+Capability flags here stand for the databases' differences, so engine code
+asks "can writers overlap?" instead of naming a vendor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from kumiko_workflows.models import WorkflowWaitKey
+
+
+def overlapping_writers() -> bool:
+    """Whether two transactions can write at once (PostgreSQL), or one at a time (SQLite).
+
+    With one writer at a time, a transaction sees every committed row and no
+    other write can be in flight: a wake-up decided inside it is final.
+    """
+    return connection.vendor != "sqlite"
+
+
+def has_payload_containment() -> bool:
+    """Whether ``payload @> {...}`` is served by an index (PostgreSQL's GIN)."""
+    return connection.vendor == "postgresql"
+
+
+def wait_paths(tenant_id: str, event_type: str) -> list[str]:
+    """The distinct payload paths waits of the tenant use for ``event_type``.
+
+    A loose index scan over ``kw_waitkey_lookup``: one index probe per
+    distinct path, however many runs wait.
+    """
+    table = connection.ops.quote_name(WorkflowWaitKey._meta.db_table)
+    sql = f"""
+        WITH RECURSIVE paths(path) AS (
+            SELECT MIN(path) FROM {table} WHERE tenant_id = %s AND event_type = %s
+            UNION ALL
+            SELECT (
+                SELECT MIN(k.path) FROM {table} k
+                WHERE k.tenant_id = %s AND k.event_type = %s AND k.path > p.path
+            )
+            FROM paths p WHERE p.path IS NOT NULL
+        )
+        SELECT path FROM paths WHERE path IS NOT NULL
+    """  # noqa: S608 - the table name comes from the model; values are parameters
+    params: list[Any] = [tenant_id, event_type, tenant_id, event_type]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [path for (path,) in cursor.fetchall()]

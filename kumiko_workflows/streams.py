@@ -1,0 +1,171 @@
+"""A run's event stream and the failures written to it.
+
+:class:`RunStream` appends a run's events at strictly increasing versions
+(the unique stream version is every race's referee); :func:`fail_run`
+writes ``workflow.run-failed`` with generic text only and keeps the raw
+error in the log and in the mutable ``WorkflowRun.last_error``.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from kumiko_workflows import event_types
+from kumiko_workflows.models import Event, WorkflowRun
+from kumiko_workflows.store import append_event, engine_stream
+
+logger = logging.getLogger("kumiko_workflows.runner")
+
+# Machine-readable reasons of workflow.run-failed.
+STEP_FAILED = "step_failed"
+INVALID_STEP_ARGUMENT = "invalid_step_argument"
+INVALID_STEP_RESULT = "invalid_step_result"
+FILTER_FAILED = "filter_failed"
+IDEMPOTENCY_KEY_FAILED = "idempotency_key_failed"
+DEFINITION_CHANGED = "workflow_definition_changed"
+TRIGGER_EVENT_UNAVAILABLE = "trigger_event_unavailable"
+AWAITED_EVENT_UNAVAILABLE = "awaited_event_unavailable"
+INVALID_MATCH = "invalid_match"
+INVALID_PENDING_ROW = "invalid_pending_row"
+INTERNAL_ERROR = "internal_error"
+
+#: (run id, version) of an event about to be appended whose stream has no
+#: pending rows (nor wait keys) for sure: the stream's previous event was
+#: appended by the same ``RunStream`` in the same transaction and left none
+#: (a start, a resume or an end). Lets the pending projection skip a DELETE
+#: that would find nothing.
+pending_cleared: ContextVar[tuple[Any, int] | None] = ContextVar(
+    "kumiko_pending_cleared", default=None
+)
+
+_CLEARS_PENDING = frozenset({event_types.RUN_STARTED, event_types.RESUMED, *event_types.TERMINAL})
+
+
+@dataclass
+class RunStream:
+    """The run's event stream, appended at strictly increasing versions."""
+
+    run_id: uuid.UUID
+    tenant_id: str
+    workflow_name: str
+    version: int
+    fingerprint: str
+    trigger_event_id: int | None
+    #: False when every append happens inside an atomic block that is unwound
+    #: on any error (the resume row's, the inline start's): no savepoint each.
+    savepoint: bool = True
+    #: Whether this object's last append left the run without pending rows.
+    _no_pending: bool = field(default=False, init=False, repr=False)
+
+    @classmethod
+    def of_pending(cls, row: Any) -> RunStream:
+        """The stream of a pending row's run, positioned after its suspension."""
+        return cls(
+            row.run_id,
+            row.tenant_id,
+            row.workflow_name,
+            row.run_version,
+            row.definition_fingerprint,
+            row.trigger_event_id,
+        )
+
+    def mark(self) -> tuple[int, bool]:
+        """Where the stream stands, to :meth:`rewind` to after a savepoint rolls back."""
+        return self.version, self._no_pending
+
+    def rewind(self, mark: tuple[int, bool]) -> None:
+        self.version, self._no_pending = mark
+
+    def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
+        hint = None
+        if self._no_pending:
+            hint = pending_cleared.set((self.run_id, self.version + 1))
+        try:
+            with engine_stream():
+                event = append_event(
+                    self.run_id,
+                    event_types.RUN_AGGREGATE_TYPE,
+                    type,
+                    payload,
+                    tenant_id=self.tenant_id,
+                    expected_version=self.version,
+                    created_by=created_by or "kumiko_workflows",
+                    savepoint=self.savepoint,
+                )
+        finally:
+            if hint is not None:
+                pending_cleared.reset(hint)
+        self.version = event.version
+        # A new stream has no pending rows; a resume or an end deletes them.
+        self._no_pending = type in _CLEARS_PENDING
+        return event
+
+
+@dataclass
+class Failure(Exception):
+    reason: str
+    step: str
+    message: str  # generic, safe for an immutable event
+    error_class: str = ""
+    detail: str = ""  # raw text: log and WorkflowRun.last_error only
+    exc: BaseException | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        Exception.__init__(self, self.message)
+
+
+def raised(reason: str, step: str, what: str, exc: BaseException) -> Failure:
+    """A failure caused by user code raising ``exc``: generic text, class, traceback."""
+    name = type(exc).__name__
+    return Failure(
+        reason,
+        step,
+        f"{what} {name}",
+        error_class=name,
+        detail="".join(traceback.format_exception(exc)),
+        exc=exc,
+    )
+
+
+def set_last_error(run_id: uuid.UUID, detail: str) -> None:
+    if detail:
+        WorkflowRun.objects.filter(run_id=run_id).update(last_error=detail[:20_000])
+
+
+def fail_run(
+    stream: RunStream,
+    failure: Failure,
+    *,
+    state: dict[str, Any] | None = None,
+    retry_from: str | None = None,
+) -> Event:
+    """Append ``workflow.run-failed`` (generic text only) and record the raw error."""
+    event = stream.append(
+        event_types.RUN_FAILED,
+        {
+            "workflow_name": stream.workflow_name,
+            "definition_fingerprint": stream.fingerprint,
+            "step": failure.step,
+            "reason": failure.reason,
+            "error": failure.message,
+            "error_class": failure.error_class,
+            "retry_from": retry_from,
+            "state": state or {"results": {}, "awaited": {}},
+        },
+    )
+    logger.error(
+        "workflow=%s run=%s step=%s reason=%s failed: %s",
+        stream.workflow_name,
+        stream.run_id,
+        failure.step,
+        failure.reason,
+        failure.message,
+        exc_info=failure.exc,
+    )
+    set_last_error(stream.run_id, failure.detail or failure.message)
+    return event

@@ -1,0 +1,308 @@
+"""Waking runs that wait for an event: found by key, never lost to a lock.
+
+A run suspended on ``wait_for_event`` is stored under the equalities its
+match requires (:class:`~kumiko_workflows.models.WorkflowWaitKey`). An
+awaited event looks up the keys its payload offers and evaluates the full
+match only on those candidates (plus the few waits whose match requires no
+equality), so its cost does not grow with the number of waiting runs.
+
+Where writers overlap (PostgreSQL), neither side can see the other's rows
+before they commit. So each side leaves a :class:`~kumiko_workflows.models.WakeCheck`
+in its own transaction: the event ("which waiting runs does it wake?") and
+the suspension ("which committed event ends this wait?"). A check is decided
+after its commit, by the appending process at once or by any worker pass,
+and deleted in the same transaction as the wake-up it caused. Whichever side
+commits second sees the other. A candidate row locked by someone else is
+never skipped silently: the check stays and is decided again later.
+
+The event is also decided inline, in its own transaction, so the caller
+sees its wake-ups at once; where one transaction writes at a time (SQLite)
+that decision is final and no check is left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from kumiko_workflows import db, matching
+from kumiko_workflows import event_types as et
+from kumiko_workflows.exceptions import VersionConflict
+from kumiko_workflows.models import Event, SuspensionType, WakeCheck, WorkflowRunPending
+from kumiko_workflows.streams import INVALID_MATCH, Failure, RunStream, fail_run
+
+logger = logging.getLogger("kumiko_workflows.wakeups")
+
+#: A check whose decision raised this many times is dropped (and logged):
+#: nothing is retried for ever. The wait's own timeout still looks back.
+MAX_CHECK_ATTEMPTS = 5
+
+_ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
+
+
+# --- which event ends which wait ------------------------------------------------
+
+
+def look_back_floor(trigger_event_id: int | None, awaited: Mapping[str, Any]) -> int:
+    """The id an awaited event must follow: the trigger's, or a later awaited one's.
+
+    So a second wait for the same event type never takes the event an
+    earlier wait of the run already took. Ids are the append order: an event
+    appended before the trigger never counts, whenever it commits.
+    """
+    ids = [i for i in (awaited or {}).values() if isinstance(i, int)]
+    return max([trigger_event_id or 0, *ids])
+
+
+def satisfies(row: WorkflowRunPending, event: Event) -> bool:
+    """Whether ``event`` can end the row's wait: in time, new to the run, and matching."""
+    if row.timeout_at is not None and event.created_at > row.timeout_at:
+        return False  # too late: the wait timed out first, however late the worker is
+    if event.id <= look_back_floor(row.trigger_event_id, row.awaited_refs()):
+        return False
+    expression = None if row.match_expr is None else matching.validate(row.match_expr)
+    return matching.matches(expression, event.payload)
+
+
+def _containing(path: list[Any], value: Any) -> Any:
+    """The JSON a payload contains when ``path`` leads to ``value`` (a list for an index)."""
+    for key in reversed(path):
+        value = [value] if isinstance(key, int) else {key: value}
+    return value
+
+
+def look_back(
+    tenant_id: str,
+    event_type: str,
+    match: dict[str, Any] | None,
+    after_id: int,
+    until: datetime | None = None,
+) -> Event | None:
+    """The earliest matching event of ``event_type`` in the tenant after ``after_id``.
+
+    ``until`` (a wait's timeout) excludes events appended after it: an event
+    that came too late does not count, however late the worker runs. On
+    PostgreSQL the equalities the match requires narrow the candidates
+    through the payload's GIN index; every candidate is then evaluated in
+    full, in id order, with no cap.
+    """
+    expression = None if match is None else matching.validate(match)
+    keys = matching.required_keys(expression)
+    if keys is not None and not keys:
+        return None  # the match requires one of no values: nothing can match
+    candidates = Event.objects.of_type_after(tenant_id, event_type, after_id)
+    if until is not None:
+        candidates = candidates.filter(created_at__lte=until)
+    if keys is not None and db.has_payload_containment():
+        offers = Q()
+        for path, value in keys:
+            offers |= Q(payload__contains=_containing(json.loads(path), json.loads(value)))
+        # Spelled as the partial index's predicate, so the planner may use it.
+        candidates = candidates.filter(offers).exclude(aggregate_type__in=_ENGINE_AGGREGATE_TYPES)
+    for event in candidates.only("id", "payload", "created_at").iterator(chunk_size=200):
+        if matching.matches(expression, event.payload):
+            return event
+    return None
+
+
+def wake_with(row: WorkflowRunPending, event: Event) -> bool:
+    """Append ``workflow.wake-requested`` naming ``event`` as the row's awaited event.
+
+    False if the run moved on meanwhile (resumed, cancelled): its stream
+    version decides, as for every write to a run.
+    """
+    try:
+        with transaction.atomic():
+            RunStream.of_pending(row).append(
+                et.WAKE_REQUESTED,
+                {
+                    "workflow_name": row.workflow_name,
+                    "step": row.step,
+                    "by": "kumiko_workflows",
+                    "awaited_event_id": event.id,
+                },
+            )
+    except VersionConflict:
+        return False
+    return True
+
+
+def _fail_invalid_match(row: WorkflowRunPending, exc: Exception) -> None:
+    logger.error(
+        "run=%s step=%s has a match expression that cannot be evaluated: %s",
+        row.run_id,
+        row.step,
+        exc,
+    )
+    try:
+        with transaction.atomic():
+            fail_run(
+                RunStream.of_pending(row),
+                Failure(
+                    INVALID_MATCH,
+                    row.step,
+                    f"step {row.step}: its match expression cannot be evaluated",
+                    error_class=type(exc).__name__,
+                    detail=str(exc),
+                ),
+                state=row.state,
+                retry_from=row.step,
+            )
+    except Exception:
+        logger.exception("run=%s could not be marked failed", row.run_id)
+
+
+def _candidates(event: Event) -> Any:
+    """Waiting rows ``event`` may wake: those stored under a key it offers, and the scanned."""
+    paths = db.wait_paths(event.tenant_id, event.type)
+    keys = matching.offered_keys(event.payload, paths)
+    pending = WorkflowRunPending.objects
+    ids = list(pending.keyed(event.tenant_id, event.type, keys).values_list("pk", flat=True))
+    ids += pending.scanned(event.tenant_id, event.type).values_list("pk", flat=True)
+    return pending.filter(pk__in=ids).waiting_for(event.type).order_by("pk"), len(ids)
+
+
+def _lock(rows: Any, expected: int) -> tuple[list[WorkflowRunPending], bool]:
+    """Lock what is free of ``rows``; also whether none was held by someone else."""
+    if not db.overlapping_writers():
+        return list(rows), True
+    locked = list(rows.select_for_update(skip_locked=True))
+    return locked, len(locked) == expected
+
+
+def wake_for_event(event: Event) -> bool:
+    """Wake every waiting run ``event`` ends; False if a candidate was locked (decide again)."""
+    rows, expected = _candidates(event)
+    locked, complete = _lock(rows, expected)
+    for row in locked:
+        try:
+            matched = satisfies(row, event)
+        except Exception as exc:
+            _fail_invalid_match(row, exc)
+            continue
+        if matched:
+            wake_with(row, event)
+    return complete
+
+
+def wake_by_look_back(tenant_id: str, run_id: Any) -> bool:
+    """Wake the run's wait if a committed event ends it; False if its row was locked."""
+    rows = WorkflowRunPending.objects.filter(
+        tenant_id=tenant_id, run_id=run_id, suspension_type=SuspensionType.EVENT
+    ).filter(awaited_event_id__isnull=True)
+    locked, complete = _lock(rows, rows.count())
+    for row in locked:
+        try:
+            found = look_back(
+                row.tenant_id,
+                row.wait_event_type,
+                row.match_expr,
+                look_back_floor(row.trigger_event_id, row.awaited_refs()),
+                until=row.timeout_at,
+            )
+        except Exception as exc:
+            _fail_invalid_match(row, exc)
+            continue
+        if found is not None:
+            wake_with(row, found)
+    return complete
+
+
+# --- checks, decided after commit ----------------------------------------------
+
+
+def _leave_check(tenant_id: str, **subject: Any) -> None:
+    check = WakeCheck.objects.create(tenant_id=tenant_id, **subject)
+    transaction.on_commit(lambda: decide_checks([check.pk]), robust=True)
+
+
+def project_wakeup(event: Event, replaying: bool) -> None:
+    """An awaited event was appended: wake the runs it ends, now and after commit.
+
+    Now, in the appending transaction, so the event and its wake-ups commit
+    together and the caller sees them at once, on every database. Where
+    writers overlap, once more after commit: a run suspending in a
+    concurrent transaction, or a row someone else held, is invisible now.
+    """
+    wake_for_event(event)
+    if db.overlapping_writers():
+        _leave_check(event.tenant_id, event_id=event.id)
+
+
+def suspended_on_event(tenant_id: str, run_id: Any) -> None:
+    """A run is suspending on ``wait_for_event``: look back again once that commits.
+
+    The look-back inside the suspending transaction cannot see an event
+    committed after it began; the event's own check cannot see this run
+    until it commits. This check, decided after the commit, closes the gap.
+    """
+    if db.overlapping_writers():
+        _leave_check(tenant_id, run_id=run_id)
+
+
+def _decide(check: WakeCheck) -> bool:
+    if check.event_id is None:
+        return wake_by_look_back(check.tenant_id, check.run_id)
+    event = Event.objects.filter(tenant_id=check.tenant_id, pk=check.event_id).first()
+    return True if event is None else wake_for_event(event)
+
+
+def decide_checks(ids: Iterable[int]) -> int:
+    """Decide the given checks, each in its own transaction; return how many were settled.
+
+    A check another process holds is skipped (that process decides it); one
+    whose candidates were locked stays for a later pass. Never raises: a
+    decision that fails is logged and retried later, at most
+    ``MAX_CHECK_ATTEMPTS`` times.
+    """
+    settled = 0
+    for pk in ids:
+        try:
+            with transaction.atomic():
+                check = WakeCheck.objects.select_for_update(skip_locked=True).filter(pk=pk).first()
+                if check is None:
+                    continue
+                if _decide(check):
+                    check.delete()
+                    settled += 1
+        except Exception:
+            logger.exception("wake-up check %s could not be decided", pk)
+            _count_attempt(pk)
+    return settled
+
+
+def _count_attempt(pk: int) -> None:
+    try:
+        with transaction.atomic():
+            check = WakeCheck.objects.select_for_update().filter(pk=pk).first()
+            if check is None:
+                return
+            check.attempts += 1
+            if check.attempts < MAX_CHECK_ATTEMPTS:
+                check.save(update_fields=["attempts"])
+                return
+            logger.error(
+                "tenant=%s event=%s run=%s wake-up check dropped after %d failed attempts; "
+                "the wait's timeout still looks back for its event",
+                check.tenant_id,
+                check.event_id,
+                check.run_id,
+                check.attempts,
+            )
+            check.delete()
+    except Exception:
+        logger.exception("wake-up check %s: could not count the failed attempt", pk)
+
+
+def decide_waiting_checks(tenant_id: str | None = None, limit: int = 1000) -> int:
+    """Decide the checks left behind (a crash after commit, a locked candidate), oldest first."""
+    checks = WakeCheck.objects.order_by("id")
+    if tenant_id is not None:
+        checks = checks.filter(tenant_id=tenant_id)
+    return decide_checks(list(checks.values_list("pk", flat=True)[:limit]))
