@@ -32,7 +32,14 @@ from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.definition import define_workflow, on_event, run_id_for
-from kumiko_workflows.models import Event, RunStatus, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.models import (
+    Event,
+    RunStatus,
+    WakeCheck,
+    WorkflowRun,
+    WorkflowRunPending,
+    WorkflowWaitKey,
+)
 from kumiko_workflows.steps import compute, wait, wait_for_event
 
 logger = logging.getLogger("kumiko_workflows.bench")
@@ -45,8 +52,20 @@ WAKE_TRIGGER = "kumiko-bench.wake-started"
 WAKE_EVENT = "kumiko-bench.wake-go"
 APPEND_TYPE = "kumiko-bench.appended"
 
-SCENARIOS = ("append", "start", "drain", "scan", "wake", "memory")
-DEFAULT_N = {"append": 2000, "start": 1000, "drain": 2000, "scan": 1_000_000, "wake": 50}
+SCENARIOS = ("append", "start", "drain", "scan", "wake", "wake_scale", "memory")
+DEFAULT_N = {
+    "append": 2000,
+    "start": 1000,
+    "drain": 2000,
+    "scan": 1_000_000,
+    "wake": 50,
+    "wake_scale": 100_000,
+}
+#: Waiting runs (beside the one woken) at which wake_scale times an append.
+WAKE_SCALE_SIZES = (10, 1_000, 10_000, 100_000)
+#: Scan-path figures stop here: they grow linearly, as they must.
+WAKE_SCAN_LIMIT = 10_000
+WAKE_SCALE_TRIALS = 30
 MEMORY_SIZES = (5_000, 50_000)
 SCAN_DUE_ROWS = 100
 
@@ -67,12 +86,15 @@ def _wake_at(ctx: Any) -> str:
     return ctx.event.payload["wake_at"]
 
 
-def _wake_match(ctx: Any) -> dict[str, Any]:
-    key = ctx.event.payload["key"]
+def _wake_match_for(key: str) -> dict[str, Any]:
     return {
         "version": 1,
         "expr": {"kind": "atom", "path": ["key"], "op": {"kind": "eq", "value": key}},
     }
+
+
+def _wake_match(ctx: Any) -> dict[str, Any]:
+    return _wake_match_for(ctx.event.payload["key"])
 
 
 def _done(ctx: Any) -> bool:
@@ -188,7 +210,7 @@ class Bench:
 
     def cleanup(self) -> None:
         """Delete the bench tenant's rows and drop the scratch tables."""
-        for model in (Event, WorkflowRun, WorkflowRunPending):
+        for model in (Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey, WakeCheck):
             # Events refuse QuerySet.delete(): remove the bench tenant's by SQL.
             table = connection.ops.quote_name(model._meta.db_table)
             self.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [self.tenant])  # noqa: S608
@@ -621,6 +643,107 @@ class Bench:
             )
         )
         self.out(f"WAKE p50_ms={p50 * 1000:.1f} p95_ms={p95 * 1000:.1f}")
+
+    def scenario_wake_scale(self) -> None:
+        """One awaited ``append_event`` (and its wake-up) as the number of waiting runs grows.
+
+        At each size, N runs of the tenant wait on distinct keys (copies of a
+        real run's pending row and wait key); 30 times a real run starts and
+        its event is appended in autocommit, so the timing includes the
+        decision after commit. The scan-path figure adds N waits whose match
+        requires no equality (``n > 10**9``) and times the same append.
+        """
+        from kumiko_workflows.store import append_event
+
+        sizes = [size for size in WAKE_SCALE_SIZES if size <= self.size("wake_scale")]
+        first_p50 = None
+        for waiting in sizes:
+            self._seed_waiting(waiting, scan=False)
+            keyed = self._time_wakes(append_event)
+            scan = None
+            if waiting <= WAKE_SCAN_LIMIT:
+                self._seed_waiting(waiting, scan=True)
+                scan = self._time_wakes(append_event)
+            self.cleanup()
+            p50, p95 = _pct(keyed, 50) * 1000, _pct(keyed, 95) * 1000
+            first_p50 = first_p50 or p50
+            scan_words = (
+                f"scan p50 {_pct(scan, 50) * 1000:.1f} ms, p95 {_pct(scan, 95) * 1000:.1f} ms"
+                if scan
+                else f"scan not run above {WAKE_SCAN_LIMIT:,} (linear)"
+            )
+            self.emit(
+                Result(
+                    f"wake_scale_{waiting}",
+                    len(keyed),
+                    sum(keyed),
+                    len(keyed) / sum(keyed),
+                    extra={"p50_ms": p50, "p95_ms": p95, "waiting": waiting},
+                    note=f"{waiting:,} waiting: p50 {p50:.1f} ms, p95 {p95:.1f} ms; {scan_words}",
+                )
+            )
+            scan_fields = (
+                f" scan_p50_ms={_pct(scan, 50) * 1000:.1f} scan_p95_ms={_pct(scan, 95) * 1000:.1f}"
+                if scan
+                else ""
+            )
+            self.out(f"WAKE_SCALE waiting={waiting} p50_ms={p50:.1f} p95_ms={p95:.1f}{scan_fields}")
+        if len(sizes) > 1 and first_p50:
+            self.out(
+                f"RATIO name=wake_scale_{sizes[-1]}_vs_{sizes[0]} value={p50 / first_p50:.3f}"
+            )
+
+    def _time_wakes(self, append_event: Callable[..., Any]) -> list[float]:
+        timings = []
+        for _ in range(WAKE_SCALE_TRIALS):
+            key = uuid.uuid4().hex
+            append_event(uuid.uuid4(), SOURCE, WAKE_TRIGGER, {"key": key}, tenant_id=self.tenant)
+            started = time.perf_counter()
+            append_event(uuid.uuid4(), SOURCE, WAKE_EVENT, {"key": key}, tenant_id=self.tenant)
+            timings.append(time.perf_counter() - started)
+            run_id = run_id_for(WAKE_WORKFLOW, key, self.tenant)
+            if WorkflowRunPending.objects.get(run_id=run_id).awaited_event_id is None:
+                raise RuntimeError("wake_scale: the appended event did not wake its run")
+        return timings
+
+    def _seed_waiting(self, count: int, *, scan: bool) -> None:
+        """``count`` waiting runs of the wake workflow, on distinct keys (or scanned)."""
+        from kumiko_workflows.store import append_event
+
+        key = f"t-{uuid.uuid4().hex}"
+        append_event(uuid.uuid4(), SOURCE, WAKE_TRIGGER, {"key": key}, tenant_id=self.tenant)
+        template = WorkflowRunPending.objects.get(
+            run_id=run_id_for(WAKE_WORKFLOW, key, self.tenant)
+        )
+        never = {
+            "version": 1,
+            "expr": {"kind": "atom", "path": ["n"], "op": {"kind": "gt", "value": 10**9}},
+        }
+        made = 0
+        while made < count:
+            size = min(5000, count - made)
+            rows, keys = [], []
+            for _ in range(size):
+                run_id, value = uuid.uuid4(), f"k-{uuid.uuid4().hex}"
+                match = never if scan else _wake_match_for(value)
+                rows.append(
+                    _copy(template, id=None, run_id=run_id, match_expr=match, match_scan=scan)
+                )
+                if not scan:
+                    keys.append(
+                        WorkflowWaitKey(
+                            tenant_id=self.tenant,
+                            run_id=run_id,
+                            event_type=WAKE_EVENT,
+                            path='["key"]',
+                            value=json.dumps(value),
+                        )
+                    )
+            WorkflowRunPending.objects.bulk_create(rows)
+            WorkflowWaitKey.objects.bulk_create(keys)
+            made += size
+        if self.vendor == "postgresql":
+            self.execute("ANALYZE")
 
     def scenario_memory(self) -> None:
         sizes = MEMORY_SIZES if self.n is None else (self.n, self.n * 10)

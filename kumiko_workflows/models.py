@@ -166,21 +166,31 @@ class WorkflowRunPendingQuerySet(models.QuerySet):
     def for_tenant(self, tenant_id: str | None) -> WorkflowRunPendingQuerySet:
         return self if tenant_id is None else self.filter(tenant_id=tenant_id)
 
-    def keyed(self, tenant_id: str, event_type: str, keys: set[tuple[str, str]]) -> Any:
-        """``wait_for_event`` rows of the tenant stored under any of ``keys``."""
-        if not keys:
-            return self.none()
-        wanted = Q()
-        for path, value in keys:
-            wanted |= Q(path=path, value=value)
-        runs = WorkflowWaitKey.objects.filter(wanted, tenant_id=tenant_id, event_type=event_type)
-        return self.filter(tenant_id=tenant_id, run_id__in=runs.values("run_id")).waiting_for(
-            event_type
-        )
+    def candidates(self, tenant_id: str, event_type: str, keys: set[tuple[str, str]]) -> Any:
+        """``wait_for_event`` rows an event of the tenant offering ``keys`` may end.
 
-    def scanned(self, tenant_id: str, event_type: str) -> WorkflowRunPendingQuerySet:
-        """``wait_for_event`` rows of the tenant whose match requires no equality."""
-        return self.filter(tenant_id=tenant_id, match_scan=True).waiting_for(event_type)
+        Those stored under one of the keys, and those whose match requires no
+        equality (the scan path). Two lookups, each by its own index (one OR
+        of both would scan every waiting row), then one query by id.
+        """
+        ids = list(
+            self.filter(tenant_id=tenant_id, match_scan=True)
+            .waiting_for(event_type)
+            .values_list("pk", flat=True)
+        )
+        if keys:
+            offered = Q()
+            for path, value in keys:
+                offered |= Q(path=path, value=value)
+            stored = WorkflowWaitKey.objects.filter(
+                offered, tenant_id=tenant_id, event_type=event_type
+            )
+            ids += (
+                self.filter(tenant_id=tenant_id, run_id__in=stored.values("run_id"))
+                .waiting_for(event_type)
+                .values_list("pk", flat=True)
+            )
+        return self.filter(pk__in=ids).waiting_for(event_type).order_by("pk"), len(ids)
 
 
 class WorkflowRunPending(models.Model):

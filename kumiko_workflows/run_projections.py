@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils.dateparse import parse_datetime
 
 from kumiko_workflows import event_types as et
@@ -310,15 +312,18 @@ def project_pending(event: Event, replaying: bool) -> None:
         if not replaying and row.wake_at is not None and row.wake_at <= event.created_at:
             notify_due(event.tenant_id)
     elif kind == et.WAKE_REQUESTED:
-        rows = WorkflowRunPending.objects.filter(
+        changes: dict[str, Any] = {
+            "wake_at": event.created_at,
+            "due_since": event.created_at,
+            "run_version": event.version,
+        }
+        awaited = event.payload.get("awaited_event_id")
+        if awaited is not None:
+            # An awaited event woke the run: record which one (the first wins).
+            changes["awaited_event_id"] = Coalesce(F("awaited_event_id"), Value(awaited))
+        WorkflowRunPending.objects.filter(
             tenant_id=event.tenant_id, run_id=event.aggregate_id
-        )
-        rows.update(wake_at=event.created_at, due_since=event.created_at, run_version=event.version)
-        if event.payload.get("awaited_event_id") is not None:
-            # An awaited event woke the run: record which one.
-            rows.filter(awaited_event_id__isnull=True).update(
-                awaited_event_id=event.payload["awaited_event_id"]
-            )
+        ).update(**changes)
         if not replaying:
             notify_due(event.tenant_id)
     elif kind == et.RESUMED or kind in et.TERMINAL:

@@ -162,16 +162,15 @@ def _candidates(event: Event) -> Any:
     """Waiting rows ``event`` may wake: those stored under a key it offers, and the scanned."""
     paths = db.wait_paths(event.tenant_id, event.type)
     keys = matching.offered_keys(event.payload, paths)
-    pending = WorkflowRunPending.objects
-    ids = list(pending.keyed(event.tenant_id, event.type, keys).values_list("pk", flat=True))
-    ids += pending.scanned(event.tenant_id, event.type).values_list("pk", flat=True)
-    return pending.filter(pk__in=ids).waiting_for(event.type).order_by("pk"), len(ids)
+    return WorkflowRunPending.objects.candidates(event.tenant_id, event.type, keys)
 
 
 def _lock(rows: Any, expected: int) -> tuple[list[WorkflowRunPending], bool]:
     """Lock what is free of ``rows``; also whether none was held by someone else."""
     if not db.overlapping_writers():
         return list(rows), True
+    if not expected:
+        return [], True
     locked = list(rows.select_for_update(skip_locked=True))
     return locked, len(locked) == expected
 
@@ -196,7 +195,7 @@ def wake_by_look_back(tenant_id: str, run_id: Any) -> bool:
     rows = WorkflowRunPending.objects.filter(
         tenant_id=tenant_id, run_id=run_id, suspension_type=SuspensionType.EVENT
     ).filter(awaited_event_id__isnull=True)
-    locked, complete = _lock(rows, rows.count())
+    locked, complete = _lock(rows, rows.count() if db.overlapping_writers() else 0)
     for row in locked:
         try:
             found = look_back(
