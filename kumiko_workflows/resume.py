@@ -30,6 +30,7 @@ from kumiko_workflows.exceptions import (
     RunNotRetryable,
     VersionConflict,
 )
+from kumiko_workflows.jsonvalues import text_problem
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
     Event,
@@ -54,6 +55,7 @@ from kumiko_workflows.runner import (
     run_segment,
 )
 from kumiko_workflows.steps import Retry, Step, Wait, WaitForEvent
+from kumiko_workflows.store import name_problem
 
 logger = logging.getLogger("kumiko_workflows.resume")
 
@@ -472,13 +474,25 @@ def _append_to_run(
     return False
 
 
+def _check_by(by: str | None) -> None:
+    """Refuse, before any SQL, a ``by`` that the event's ``created_by`` cannot hold."""
+    problem = None if by is None else name_problem(by, "created_by", blank=True)
+    if problem:
+        raise InvalidArgument(f"by {problem}")
+
+
 def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> bool:
     """Cancel a run that has not finished; False if it already had.
 
-    Raises :class:`RunNotFound` for an unknown id.
+    Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
+    for a reason or ``by`` the event store would refuse.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidArgument("cancel_run() needs a reason (a non-empty string)")
+    problem = text_problem(reason)
+    if problem:
+        raise InvalidArgument(f"reason {problem}")
+    _check_by(by)
     return _append_to_run(
         run_id,
         lambda run: run.status not in SETTLED_STATUSES,
@@ -491,8 +505,10 @@ def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> b
 def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     """Make a waiting run due now; False if it is not waiting.
 
-    Raises :class:`RunNotFound` for an unknown id.
+    Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
+    for a ``by`` the event store would refuse.
     """
+    _check_by(by)
     return _append_to_run(
         run_id,
         lambda run: run.status == RunStatus.WAITING,
@@ -507,8 +523,10 @@ def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
 
     The steps of that attempt were rolled back with the failure, so they run
     again. Raises :class:`RunNotRetryable` when the run is not failed or its
-    workflow's definition changed since it started.
+    workflow's definition changed since it started, :class:`InvalidArgument`
+    for a ``by`` the event store would refuse.
     """
+    _check_by(by)
     run = _run(run_id)
     if run.status != RunStatus.FAILED:
         raise RunNotRetryable(f"run {run.run_id} is {run.status}, not failed")

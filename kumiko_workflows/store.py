@@ -24,7 +24,7 @@ from django.db.models.signals import post_save, pre_save
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidEvent, VersionConflict
-from kumiko_workflows.jsonvalues import NotJSON, json_size, to_json
+from kumiko_workflows.jsonvalues import NotJSON, json_size, text_problem, to_json
 from kumiko_workflows.models import Event
 from kumiko_workflows.projections import registry
 
@@ -57,11 +57,32 @@ def _as_uuid(value: Any) -> uuid.UUID:
     raise InvalidEvent(f"aggregate_id must be a UUID, got {value!r}")
 
 
-def _name(value: Any, what: str, max_length: int) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidEvent(f"{what} must be a non-empty string, got {value!r}")
-    if len(value) > max_length:
-        raise InvalidEvent(f"{what} is longer than {max_length} characters")
+@functools.cache
+def _max_length(column: str) -> int:
+    length = cast(Field, Event._meta.get_field(column)).max_length
+    assert length is not None, column
+    return length
+
+
+def name_problem(value: Any, column: str, *, blank: bool = False) -> str | None:
+    """Why ``value`` cannot be stored in the name column ``column`` of Event, or None.
+
+    Checked before any SQL, so every database answers alike: PostgreSQL raises
+    on an overlong value or a NUL (and the raised error aborts the caller's
+    transaction) where SQLite stores them. ``blank`` allows the empty string.
+    """
+    if not isinstance(value, str) or not (blank or value.strip()):
+        return f"must be a {'string' if blank else 'non-empty string'}, got {value!r}"
+    limit = _max_length(column)
+    if len(value) > limit:
+        return f"is longer than {limit} characters"
+    return text_problem(value, controls=False)
+
+
+def _name(value: Any, column: str, *, blank: bool = False) -> str:
+    problem = name_problem(value, column, blank=blank)
+    if problem:
+        raise InvalidEvent(f"{column} {problem}")
     return value
 
 
@@ -112,20 +133,19 @@ def append_event(
     savepoint round trips, and a failing projection then dooms that block.
     """
     aggregate = _as_uuid(aggregate_id)
-    aggregate_type = _name(aggregate_type, "aggregate_type", 100)
+    aggregate_type = _name(aggregate_type, "aggregate_type")
     if aggregate_type in RESERVED_AGGREGATE_TYPES and not _engine_writing.get():
         raise InvalidEvent(
             f"aggregate type {aggregate_type!r} is reserved: only the engine writes those "
             "streams (use cancel_run, wake_run or retry_run to act on a run)"
         )
-    type = _name(type, "type", 200)
+    type = _name(type, "type")
     tenant = _name(
-        workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id", 100
+        workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id"
     )
+    created_by = "" if created_by is None else _name(created_by, "created_by", blank=True)
     clean_payload = _json_object(payload, "payload")
     clean_metadata = _json_object(metadata, "metadata")
-    if created_by is not None and not isinstance(created_by, str):
-        raise InvalidEvent(f"created_by must be a string, got {created_by!r}")
     if expected_version is not None and (
         isinstance(expected_version, bool)
         or not isinstance(expected_version, int)
@@ -146,7 +166,7 @@ def append_event(
         event_version=event_version,
         payload=clean_payload,
         metadata=clean_metadata,
-        created_by=created_by or "",
+        created_by=created_by,
     )
     if created_at is not None:
         event.created_at = created_at
