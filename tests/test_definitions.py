@@ -352,7 +352,9 @@ def test_invalid_cron_is_refused_by_on_cron_and_by_the_check():
     errors = check_workflows(workflows=[workflow])
     assert [e.id for e in errors] == ["kumiko_workflows.E008"]
     assert "cron expression '61 * * * *' is not valid" in errors[0].msg
-    assert errors[0].hint == "Use a 5-field cron expression and an IANA time zone."
+    assert errors[0].hint == (
+        "Use a 5-field cron expression that names dates which exist, and an IANA time zone."
+    )
 
 
 def test_callable_arguments_are_not_validated_at_define_time():
