@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import uuid
 import zoneinfo
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +45,8 @@ logger = logging.getLogger("kumiko_workflows.definition")
 CATCH_UP_POLICIES = ("skip", "latest", "all")
 #: A cron expression must fire within this many years of its definition.
 CRON_HORIZON_YEARS = 5
+#: croniter's random (R) and hashed (H) fields, as croniter itself matches them.
+_HASHED_FIELD = re.compile(r"([hr])(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
 DURATION_HINT = (
     "Give an ISO 8601 duration (PT90S, P1DT2H), an instant with an offset "
     "(2026-01-31T09:00:00Z), a timedelta or an aware datetime."
@@ -102,8 +105,9 @@ def cron_problem(
 ) -> str | None:
     """Why a cron trigger's arguments are invalid, or None.
 
-    Besides syntax: the expression must fire within
-    :data:`CRON_HORIZON_YEARS` after ``now`` (default: the current time).
+    Besides syntax: every slot must be a fixed time (no random or hashed
+    field), and the expression must fire within :data:`CRON_HORIZON_YEARS`
+    after ``now`` (default: the current time).
     """
     from croniter import CroniterBadDateError, croniter
 
@@ -115,6 +119,23 @@ def cron_problem(
             f"cron expression {expression!r} has {len(fields)} fields; give 5 "
             "(minute hour day month weekday) or 6 (with seconds last)"
         )
+    for field in fields:
+        hashed = _HASHED_FIELD.fullmatch(field)
+        if hashed and hashed.group(1).lower() == "r":
+            # croniter accepts R, then draws a new value each time it reads the
+            # expression: each pass would see another slot (a daily R R * * *
+            # polled every minute fired 55 runs a day).
+            return (
+                f"cron expression {expression!r} has the random field {field!r}: croniter "
+                "draws a new value each time it reads it, so each scheduler pass would see "
+                "another slot and fire again; write the time out"
+            )
+        if hashed:
+            return (
+                f"cron expression {expression!r} has the hashed field {field!r}, which "
+                "croniter resolves only with a hash id that on_cron does not take; write "
+                "the time out"
+            )
     try:
         if not croniter.is_valid(expression):
             return f"cron expression {expression!r} is not valid"
@@ -219,8 +240,8 @@ def validate(workflow: Workflow) -> list[Problem]:
             add(
                 "E008",
                 problem,
-                "Use a 5-field cron expression that names dates which exist, and an IANA "
-                "time zone.",
+                "Use a 5-field cron expression of fixed times (no R or H fields) that names "
+                "dates which exist, and an IANA time zone.",
             )
         if workflow.idempotency_key is not None:
             add(

@@ -474,6 +474,7 @@ def test_run_list_shows_each_cron_schedule_with_its_last_and_next_slot(
             "cron expression &#x27;0 0 30 2 *&#x27; never fires within the next 5 years",
         ),
         ("0 0 1 1 1#5", "never fires within the next 5 years"),
+        ("R R * * *", "has the random field &#x27;R&#x27;"),
     ],
 )
 def test_run_list_shows_a_schedule_that_cannot_fire_and_the_others(

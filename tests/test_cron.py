@@ -80,6 +80,13 @@ def run_scheduler(workflow, started: str, first: str, last: str) -> int:
         (("0 0 31 4 *",), "never fires within the next 5 years"),
         (("0 0 1 1 1#5",), "never fires within the next 5 years"),
         (("*/10 * 30 2 * *",), "never fires within the next 5 years"),
+        # Random fields draw a new time each time croniter reads them.
+        (("R R * * *",), "has the random field 'R'"),
+        (("*/5 R(0-5) * * *",), "has the random field 'R\\(0-5\\)'"),
+        (("0 0 * * * r",), "has the random field 'r'"),
+        # Hashed fields need a hash id on_cron does not take.
+        (("H H * * *",), "has the hashed field 'H'"),
+        (("H/15 * * * *",), "has the hashed field 'H/15'"),
     ],
 )
 def test_invalid_cron_triggers_are_refused_at_definition_time(args, problem):
@@ -102,12 +109,15 @@ def test_rare_but_real_dates_are_accepted(expression):
 
 
 NEVER_FIRES = CronTrigger("0 0 30 2 *")
+RANDOM = CronTrigger("R R * * *")
 
 
 @pytest.mark.parametrize(
     "trigger, problem",
     [
         (NEVER_FIRES, "'0 0 30 2 *' never fires within the next 5 years"),
+        (RANDOM, "'R R * * *' has the random field 'R': croniter draws a new value"),
+        (CronTrigger("H 3 * * *"), "'H 3 * * *' has the hashed field 'H'"),
     ],
 )
 def test_the_system_check_reports_a_cron_trigger_that_cannot_fire_once_per_slot(trigger, problem):
@@ -119,7 +129,7 @@ def test_the_system_check_reports_a_cron_trigger_that_cannot_fire_once_per_slot(
     (error,) = check_workflows(workflows=[workflow])
     assert error.id == "kumiko_workflows.E008"
     assert problem in error.msg
-    assert "dates which exist" in error.hint
+    assert "dates which exist" in error.hint and "no R or H" in error.hint
 
 
 def test_an_invalid_cron_trigger_fails_define_workflow_and_the_system_check():
@@ -175,12 +185,13 @@ def _stale(name: str, trigger: CronTrigger) -> Workflow:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("trigger", [NEVER_FIRES], ids=["never fires"])
+@pytest.mark.parametrize("trigger", [NEVER_FIRES, RANDOM], ids=["never fires", "random"])
 def test_a_schedule_that_cannot_fire_is_loud_and_never_stops_the_others(trigger, caplog):
     stale = _stale("t-cron-stale", trigger)
     with registry.override(cw.hourly_skip, stale):
         with pytest.raises(ScheduleError, match=r"1 cron schedule\(s\) could not fire"):
             fire_due_schedules(now=at(START))
+        # A random schedule would see a new slot at every pass: none may fire.
         for minute in range(0, 180, 4):
             moment = at("2030-01-01T01:00:00+00:00") + timedelta(minutes=minute)
             with pytest.raises(ScheduleError, match=r"; (0|1) run\(s\) started"):

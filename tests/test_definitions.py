@@ -353,7 +353,8 @@ def test_invalid_cron_is_refused_by_on_cron_and_by_the_check():
     assert [e.id for e in errors] == ["kumiko_workflows.E008"]
     assert "cron expression '61 * * * *' is not valid" in errors[0].msg
     assert errors[0].hint == (
-        "Use a 5-field cron expression that names dates which exist, and an IANA time zone."
+        "Use a 5-field cron expression of fixed times (no R or H fields) that names dates "
+        "which exist, and an IANA time zone."
     )
 
 
