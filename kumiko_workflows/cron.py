@@ -153,12 +153,15 @@ def cron_tenants() -> list[str]:
         raise ImproperlyConfigured(
             f"KUMIKO_WORKFLOWS['CRON_TENANTS'] must return a list of tenant ids, got {tenants!r}"
         )
+    from kumiko_workflows.store import name_problem
+
     result: list[str] = []
     for tenant in tenants:
-        if not isinstance(tenant, str) or not tenant or len(tenant) > 100:
+        problem = name_problem(tenant, "tenant_id")
+        if problem:
             raise ImproperlyConfigured(
                 "KUMIKO_WORKFLOWS['CRON_TENANTS'] returned an invalid tenant id "
-                f"{tenant!r}; tenant ids are strings of 1-100 characters"
+                f"{tenant!r}: the tenant id {problem}"
             )
         if tenant not in result:
             result.append(tenant)

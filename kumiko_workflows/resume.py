@@ -326,6 +326,7 @@ def resume_due_runs(
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+    _check_name(tenant_id, "tenant_id", "tenant_id")
     # Rows due at the pass's start are picked; each runs at its own moment, so
     # waits and backoffs it starts are not shortened by a long pass.
     fixed = now
@@ -474,11 +475,15 @@ def _append_to_run(
     return False
 
 
-def _check_by(by: str | None) -> None:
-    """Refuse, before any SQL, a ``by`` that the event's ``created_by`` cannot hold."""
-    problem = None if by is None else name_problem(by, "created_by", blank=True)
+def _check_name(value: Any, what: str, column: str, *, blank: bool = False) -> None:
+    """Refuse, before any SQL, a value (None aside) the event's ``column`` cannot hold."""
+    problem = None if value is None else name_problem(value, column, blank=blank)
     if problem:
-        raise InvalidArgument(f"by {problem}")
+        raise InvalidArgument(f"{what} {problem}")
+
+
+def _check_by(by: str | None) -> None:
+    _check_name(by, "by", "created_by", blank=True)
 
 
 def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> bool:

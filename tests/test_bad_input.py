@@ -414,6 +414,16 @@ def test_a_bad_cancel_reason_is_refused_before_any_sql(
     assert run_events(run_id)[-1].payload["reason"] == "duplicate\norder"
 
 
+@pytest.mark.parametrize("value, message", BAD_NAMES.values(), ids=BAD_NAMES.keys())
+def test_a_bad_tenant_for_resume_due_runs_is_refused_before_any_sql(
+    value, message, django_assert_num_queries
+):
+    tenant = "t" * 101 if value is None else value
+    message = "tenant_id " + message.format(max_length=100)
+    with django_assert_num_queries(0), pytest.raises(InvalidArgument, match=message):
+        resume_due_runs(tenant_id=tenant)
+
+
 STEP_APPENDS = {
     "overlong created_by": ("long created_by", "created_by is longer than 200 characters"),
     "NUL in type": ("NUL type", "type contains a NUL character"),

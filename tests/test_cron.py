@@ -457,6 +457,8 @@ def test_cron_workflows_fire_for_each_configured_tenant(settings):
         (lambda: "acme", "must return a list of tenant ids, got 'acme'"),
         (lambda: ["acme", ""], "invalid tenant id ''"),
         (lambda: [None], "invalid tenant id None"),
+        (lambda: ["t" * 101], "the tenant id is longer than 100 characters"),
+        (lambda: ["acme\nglobex"], "the tenant id contains a control character"),
         ("tests.testapp.cron_workflows.nowhere", "cannot be imported"),
     ],
 )

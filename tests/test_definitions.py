@@ -488,7 +488,18 @@ SETTINGS_ERRORS = {
     "empty tenant": (
         {"DEFAULT_TENANT": ""},
         "E023",
-        "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] must be a string of 1-100 characters, got ''.",
+        "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] must be a non-empty string, got ''.",
+    ),
+    "overlong tenant": (
+        {"DEFAULT_TENANT": "t" * 101},
+        "E023",
+        "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] is longer than 100 characters.",
+    ),
+    "tenant with a NUL": (
+        {"DEFAULT_TENANT": "acme\x00"},
+        "E023",
+        "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] contains a NUL character (\\u0000), which the "
+        "database cannot store.",
     ),
     "unimportable tenants": (
         {"CRON_TENANTS": "no.such.module.tenants"},
