@@ -10,6 +10,7 @@ stays usable.
 from __future__ import annotations
 
 import functools
+import math
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -18,6 +19,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Max
 from django.db.models.signals import post_save, pre_save
 
@@ -54,7 +56,18 @@ def _as_uuid(value: Any) -> uuid.UUID:
             return uuid.UUID(value)
         except ValueError:
             pass
-    raise InvalidEvent(f"aggregate_id must be a UUID, got {value!r}")
+    raise InvalidEvent(f"aggregate_id must be a UUID, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` for an error message, cut short."""
+    try:
+        text = repr(value)
+    except Exception:  # an integer of more than 4,300 digits, or a broken __repr__
+        if isinstance(value, int):
+            return f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 80 else f"{text[:76]}...{text[-1]}"
 
 
 @functools.cache
@@ -72,7 +85,7 @@ def name_problem(value: Any, column: str, *, blank: bool = False) -> str | None:
     transaction) where SQLite stores them. ``blank`` allows the empty string.
     """
     if not isinstance(value, str) or not (blank or value.strip()):
-        return f"must be a {'string' if blank else 'non-empty string'}, got {value!r}"
+        return f"must be a {'string' if blank else 'non-empty string'}, got {_shown(value)}"
     limit = _max_length(column)
     if len(value) > limit:
         return f"is longer than {limit} characters"
@@ -84,6 +97,21 @@ def _name(value: Any, column: str, *, blank: bool = False) -> str:
     if problem:
         raise InvalidEvent(f"{column} {problem}")
     return value
+
+
+@functools.cache
+def _column_max(column: str) -> int:
+    # The range PostgreSQL enforces for the column's type (and raises beyond,
+    # aborting the transaction); SQLite would store more.
+    field = Event._meta.get_field(column)
+    return BaseDatabaseOperations.integer_field_ranges[field.get_internal_type()][1]
+
+
+def _counter(value: Any, what: str, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidEvent(f"{what} must be an integer >= {low}, got {_shown(value)}")
+    if value > high:
+        raise InvalidEvent(f"{what} must be at most {high}, got {_shown(value)}")
 
 
 def _json_object(value: Any, what: str) -> dict[str, Any]:
@@ -146,16 +174,12 @@ def append_event(
     created_by = "" if created_by is None else _name(created_by, "created_by", blank=True)
     clean_payload = _json_object(payload, "payload")
     clean_metadata = _json_object(metadata, "metadata")
-    if expected_version is not None and (
-        isinstance(expected_version, bool)
-        or not isinstance(expected_version, int)
-        or expected_version < 0
-    ):
-        raise InvalidEvent(f"expected_version must be an integer >= 0, got {expected_version!r}")
-    if isinstance(event_version, bool) or not isinstance(event_version, int) or event_version < 1:
-        raise InvalidEvent(f"event_version must be an integer >= 1, got {event_version!r}")
+    if expected_version is not None:
+        # The event takes expected_version + 1, which must fit the column too.
+        _counter(expected_version, "expected_version", 0, _column_max("version") - 1)
+    _counter(event_version, "event_version", 1, _column_max("event_version"))
     if created_at is not None and not isinstance(created_at, datetime):
-        raise InvalidEvent(f"created_at must be an aware datetime, got {created_at!r}")
+        raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
     if created_at is not None and (created_at.tzinfo is None or created_at.utcoffset() is None):
         raise InvalidEvent(f"created_at is a naive datetime ({created_at.isoformat()})")
     event = Event(

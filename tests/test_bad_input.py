@@ -313,6 +313,48 @@ def test_an_overlong_created_by_leaves_the_callers_transaction_usable_and_it_com
     assert Event.objects.get(aggregate_id=other).created_by == "b" * 200
 
 
+OTHER_ARGUMENTS = {
+    # PostgreSQL raises "smallint/integer out of range" (aborting the
+    # transaction) where SQLite stores the number.
+    "event_version over smallint": (
+        {"event_version": 32768},
+        "event_version must be at most 32767, got 32768",
+    ),
+    "expected_version at the column's top": (
+        {"expected_version": 2**31 - 1},
+        "expected_version must be at most 2147483646, got 2147483647",
+    ),
+    # Python cannot print these integers: the message must not try.
+    "tenant_id a huge integer": (
+        {"tenant_id": 10**5000},
+        "tenant_id must be a non-empty string, got an integer of about 5000 digits",
+    ),
+    "aggregate_id a huge integer": (
+        {"aggregate_id": -(10**5000)},
+        "aggregate_id must be a UUID, got an integer of about 5000 digits",
+    ),
+    "created_by a long list": (
+        {"created_by": ["x"] * 100},
+        r"created_by must be a string, got \['x', 'x', .*\.\.\.\]$",
+    ),
+}
+
+
+@pytest.mark.parametrize("overrides, message", OTHER_ARGUMENTS.values(), ids=OTHER_ARGUMENTS)
+def test_numbers_over_their_column_and_unprintable_values_are_refused_before_any_sql(
+    overrides, message, django_assert_num_queries
+):
+    stream = uuid.uuid4()
+    append_event(**_arguments(stream))
+    with transaction.atomic():
+        with django_assert_num_queries(0), pytest.raises(InvalidEvent, match=message):
+            append_event(**_arguments(stream, **overrides))
+        written = append_event(**_arguments(stream))
+
+    assert [event.version for event in Event.objects.filter(aggregate_id=stream)] == [1, 2]
+    assert written.version == 2
+
+
 # JSON numbers: every supported database must hold the integer exactly.
 # PostgreSQL's jsonb keeps any size, but SQLite's JSON functions (which the
 # JSONField lookups use) turn integers beyond 64 bits into floats, and Python
