@@ -50,12 +50,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="kumiko_workflows.E022",
                 )
             )
-    tenant = workflow_settings.DEFAULT_TENANT
-    if not isinstance(tenant, str) or not tenant or len(tenant) > 100:
+    from kumiko_workflows.store import name_problem
+
+    # The event store's own rule for a tenant id, so a default it would refuse
+    # is reported here rather than by every append.
+    problem = name_problem(workflow_settings.DEFAULT_TENANT, "tenant_id")
+    if problem:
         errors.append(
             checks.Error(
-                f"KUMIKO_WORKFLOWS['DEFAULT_TENANT'] must be a string of 1-100 characters, "
-                f"got {tenant!r}.",
+                f"KUMIKO_WORKFLOWS['DEFAULT_TENANT'] {problem}.",
                 hint=f"The default is {DEFAULTS['DEFAULT_TENANT']!r}.",
                 id="kumiko_workflows.E023",
             )

@@ -25,12 +25,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import import_callable, workflow_settings
-from kumiko_workflows.definition import CronTrigger, Workflow, registry, run_id_for
+from kumiko_workflows.definition import (
+    CronTrigger,
+    Workflow,
+    cron_problem,
+    registry,
+    run_id_for,
+)
 from kumiko_workflows.exceptions import ScheduleError, VersionConflict
 from kumiko_workflows.models import Event
 
@@ -147,12 +153,15 @@ def cron_tenants() -> list[str]:
         raise ImproperlyConfigured(
             f"KUMIKO_WORKFLOWS['CRON_TENANTS'] must return a list of tenant ids, got {tenants!r}"
         )
+    from kumiko_workflows.store import name_problem
+
     result: list[str] = []
     for tenant in tenants:
-        if not isinstance(tenant, str) or not tenant or len(tenant) > 100:
+        problem = name_problem(tenant, "tenant_id")
+        if problem:
             raise ImproperlyConfigured(
                 "KUMIKO_WORKFLOWS['CRON_TENANTS'] returned an invalid tenant id "
-                f"{tenant!r}; tenant ids are strings of 1-100 characters"
+                f"{tenant!r}: the tenant id {problem}"
             )
         if tenant not in result:
             result.append(tenant)
@@ -339,21 +348,44 @@ def fire_schedule(schedule: Schedule, now: datetime) -> int:
     return started
 
 
+def schedule_problem(workflow: Workflow, now: datetime) -> str | None:
+    """Why a cron workflow's trigger cannot fire once per slot, or None.
+
+    ``on_cron`` refuses such a trigger, but one built without it (by hand, or
+    by a definition older than the check) still reaches the scheduler.
+    """
+    trigger = workflow.trigger
+    assert isinstance(trigger, CronTrigger)
+    return cron_problem(trigger.expression, trigger.timezone, trigger.catch_up, now=now)
+
+
 def fire_due_schedules(now: datetime | None = None) -> int:
     """Fire every due slot of every cron workflow, for each cron tenant.
 
     ``now`` (an aware datetime) defaults to the current time. Returns how
     many runs were started. The first pass that sees a schedule only records
-    its start: slots before it never fire.
+    its start: slots before it never fire. A schedule whose trigger cannot
+    fire once per slot (:func:`schedule_problem`) is not fired at all; it is
+    logged and, after the others fired, reported in the :class:`ScheduleError`.
     """
     moment = _aware(now)
     workflows = cron_workflows()
     if not workflows:
         return 0
+    # Checked before firing: a random field would fire at a new time each
+    # pass, and an expression that never fires would raise on each one.
+    problems = {workflow.name: schedule_problem(workflow, moment) for workflow in workflows}
     started = 0
     failures: list[Exception] = []
     for tenant in cron_tenants():
         for workflow in workflows:
+            problem = problems[workflow.name]
+            if problem:
+                logger.error(
+                    "workflow=%s tenant=%s schedule not fired: %s", workflow.name, tenant, problem
+                )
+                failures.append(ScheduleError(f"workflow {workflow.name!r}: {problem}"))
+                continue
             try:
                 started += fire_schedule(Schedule.load(workflow, tenant), moment)
             except (InterfaceError, OperationalError):
@@ -377,25 +409,47 @@ def schedule_overview(now: datetime | None = None) -> list[dict[str, Any]]:
 
     ``next_slot`` is the first slot after ``now`` (and after the last fired
     one); ``started_at`` is None until a scheduler pass has seen the schedule.
+    ``problem`` says why a schedule cannot fire (``next_slot`` is then None):
+    one broken schedule is shown, never raised, so the others still are.
     """
     moment = _aware(now)
-    rows = []
-    for tenant in cron_tenants():
-        for workflow in cron_workflows():
-            schedule = Schedule.load(workflow, tenant)
-            trigger = schedule.trigger
-            after = max(moment, schedule.baseline or moment)
-            rows.append(
-                {
-                    "workflow_name": workflow.name,
-                    "tenant_id": tenant,
-                    "expression": trigger.expression,
-                    "timezone": trigger.timezone,
-                    "catch_up": trigger.catch_up,
-                    "started_at": schedule.started_at,
-                    "last_slot": schedule.last_slot,
-                    "last_run_id": schedule.last_run_id,
-                    "next_slot": next_slot(trigger, after),
-                }
-            )
-    return rows
+    workflows = cron_workflows()
+    problems = {workflow.name: schedule_problem(workflow, moment) for workflow in workflows}
+    return [
+        _overview_row(workflow, tenant, moment, problems[workflow.name])
+        for tenant in cron_tenants()
+        for workflow in workflows
+    ]
+
+
+def _overview_row(
+    workflow: Workflow, tenant: str, moment: datetime, problem: str | None
+) -> dict[str, Any]:
+    trigger = workflow.trigger
+    assert isinstance(trigger, CronTrigger)
+    row: dict[str, Any] = {
+        "workflow_name": workflow.name,
+        "tenant_id": tenant,
+        "expression": trigger.expression,
+        "timezone": trigger.timezone,
+        "catch_up": trigger.catch_up,
+        "started_at": None,
+        "last_slot": None,
+        "last_run_id": None,
+        "next_slot": None,
+        "problem": problem,
+    }
+    try:
+        schedule = Schedule.load(workflow, tenant)
+        row["started_at"] = schedule.started_at
+        row["last_slot"] = schedule.last_slot
+        row["last_run_id"] = schedule.last_run_id
+        if problem is None:
+            row["next_slot"] = next_slot(trigger, max(moment, schedule.baseline or moment))
+    except DatabaseError:
+        raise  # the transaction may be unusable: no other row can be read either
+    except Exception as exc:
+        # A tampered schedule stream, or croniter failing on what it accepted.
+        logger.exception("workflow=%s tenant=%s schedule cannot be shown", workflow.name, tenant)
+        row["problem"] = f"{type(exc).__name__}: {exc}"
+    return row

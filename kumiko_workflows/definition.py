@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import uuid
 import zoneinfo
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kumiko_workflows import durations, matching
@@ -41,6 +43,10 @@ from kumiko_workflows.steps import (
 logger = logging.getLogger("kumiko_workflows.definition")
 
 CATCH_UP_POLICIES = ("skip", "latest", "all")
+#: A cron expression must fire within this many years of its definition.
+CRON_HORIZON_YEARS = 5
+#: croniter's random (R) and hashed (H) fields, as croniter itself matches them.
+_HASHED_FIELD = re.compile(r"([hr])(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
 DURATION_HINT = (
     "Give an ISO 8601 duration (PT90S, P1DT2H), an instant with an offset "
     "(2026-01-31T09:00:00Z), a timedelta or an aware datetime."
@@ -94,9 +100,16 @@ def on_event(event_type: str, filter: Callable[[Any], Any] | None = None) -> Eve
     return EventTrigger(event_type, filter)
 
 
-def cron_problem(expression: Any, timezone: Any, catch_up: Any) -> str | None:
-    """Why a cron trigger's arguments are invalid, or None."""
-    from croniter import croniter
+def cron_problem(
+    expression: Any, timezone: Any, catch_up: Any, *, now: datetime | None = None
+) -> str | None:
+    """Why a cron trigger's arguments are invalid, or None.
+
+    Besides syntax: every slot must be a fixed time (no random or hashed
+    field), and the expression must fire within :data:`CRON_HORIZON_YEARS`
+    after ``now`` (default: the current time).
+    """
+    from croniter import CroniterBadDateError, croniter
 
     if not isinstance(expression, str) or not expression.strip():
         return f"cron expression must be a non-empty string, got {expression!r}"
@@ -106,6 +119,23 @@ def cron_problem(expression: Any, timezone: Any, catch_up: Any) -> str | None:
             f"cron expression {expression!r} has {len(fields)} fields; give 5 "
             "(minute hour day month weekday) or 6 (with seconds last)"
         )
+    for field in fields:
+        hashed = _HASHED_FIELD.fullmatch(field)
+        if hashed and hashed.group(1).lower() == "r":
+            # croniter accepts R, then draws a new value each time it reads the
+            # expression: each pass would see another slot (a daily R R * * *
+            # polled every minute fired 55 runs a day).
+            return (
+                f"cron expression {expression!r} has the random field {field!r}: croniter "
+                "draws a new value each time it reads it, so each scheduler pass would see "
+                "another slot and fire again; write the time out"
+            )
+        if hashed:
+            return (
+                f"cron expression {expression!r} has the hashed field {field!r}, which "
+                "croniter resolves only with a hash id that on_cron does not take; write "
+                "the time out"
+            )
     try:
         if not croniter.is_valid(expression):
             return f"cron expression {expression!r} is not valid"
@@ -119,6 +149,18 @@ def cron_problem(expression: Any, timezone: Any, catch_up: Any) -> str | None:
         return f"cron timezone {timezone!r} is not a known IANA time zone"
     if catch_up not in CATCH_UP_POLICIES:
         return f"cron catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {catch_up!r}"
+    start = (now or datetime.now(UTC)).astimezone(zoneinfo.ZoneInfo(timezone))
+    try:
+        croniter(
+            expression, start.replace(tzinfo=None), max_years_between_matches=CRON_HORIZON_YEARS
+        ).get_next(datetime)
+    except CroniterBadDateError:
+        # Valid to croniter, yet no date matches (30 February): every pass and
+        # every look at the next slot would raise.
+        return (
+            f"cron expression {expression!r} never fires within the next "
+            f"{CRON_HORIZON_YEARS} years: no date matches its day, month and weekday fields"
+        )
     return None
 
 
@@ -195,7 +237,12 @@ def validate(workflow: Workflow) -> list[Problem]:
             workflow.trigger.expression, workflow.trigger.timezone, workflow.trigger.catch_up
         )
         if problem:
-            add("E008", problem, "Use a 5-field cron expression and an IANA time zone.")
+            add(
+                "E008",
+                problem,
+                "Use a 5-field cron expression of fixed times (no R or H fields) that names "
+                "dates which exist, and an IANA time zone.",
+            )
         if workflow.idempotency_key is not None:
             add(
                 "E009",

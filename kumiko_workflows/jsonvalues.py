@@ -1,19 +1,30 @@
 """Turning Python values into the JSON an event or a step result may hold.
 
 Errors name the key path of the offending value (``payload['items'][2]``) so a
-caller sees at once what to fix.
+caller sees at once what to fix. What is refused is what some supported
+database would refuse or change, so that SQLite and PostgreSQL store alike.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Any
 
 MAX_DEPTH = 64
+
+#: Integers are held exactly within the signed 64-bit range only. PostgreSQL's
+#: jsonb keeps any size, but SQLite's JSON functions (which JSONField lookups
+#: use there) turn a larger one into a float, and Python will not even print
+#: one of more than 4,300 digits; so a bigger integer is refused everywhere.
+MIN_INT, MAX_INT = -(2**63), 2**63 - 1
+
+#: Unicode's control characters (category Cc): C0, DEL and C1.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 class NotJSON(ValueError):
@@ -24,14 +35,23 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
     """Return ``value`` as plain JSON types, or raise :class:`NotJSON`.
 
     Aware datetimes become ISO 8601 strings and UUIDs strings; naive datetimes,
-    NaN/infinity, non-string keys and any other object are refused.
+    NaN/infinity, integers beyond 64 bits (:data:`MIN_INT`, :data:`MAX_INT`),
+    text with NUL or lone surrogates, non-string keys and any other object are
+    refused.
     """
     if _depth > MAX_DEPTH:
         raise NotJSON(f"{where} is nested more than {MAX_DEPTH} levels deep")
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not MIN_INT <= value <= MAX_INT:
+            raise NotJSON(
+                f"{where} is an integer beyond the 64-bit range (-2**63 to 2**63-1) that every "
+                "supported database stores exactly; store it as a string"
+            )
         return value
     if isinstance(value, str):
-        problem = _text_problem(value)
+        problem = text_problem(value)
         if problem:
             raise NotJSON(f"{where} {problem}")
         return value
@@ -44,7 +64,7 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise NotJSON(f"{where} has a key {key!r} that is not a string")
-            problem = _text_problem(key)
+            problem = text_problem(key)
             if problem:
                 raise NotJSON(f"{where} has a key {key!r} that {problem}")
             out[key] = to_json(item, f"{where}[{key!r}]", _depth + 1)
@@ -62,15 +82,24 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
     raise NotJSON(f"{where} is a {type(value).__name__}, which is not JSON-serialisable")
 
 
-def _text_problem(text: str) -> str | None:
-    # PostgreSQL's jsonb cannot hold U+0000, and lone surrogates are not
-    # encodable: refuse both here so every database behaves alike.
+def text_problem(text: str, *, controls: bool = True) -> str | None:
+    """Why ``text`` cannot be stored alike on every database, or None.
+
+    ``controls=False`` also refuses control characters (newlines, escapes,
+    DEL), which have no place in a name such as an event type or a tenant id.
+    """
+    # PostgreSQL cannot hold U+0000 in text or jsonb, and lone surrogates are
+    # not encodable: refuse both here so every database behaves alike.
     if "\x00" in text:
         return "contains a NUL character (\\u0000), which the database cannot store"
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return "is not valid Unicode text (it holds a lone surrogate)"
+    if not controls:
+        found = _CONTROL.search(text)
+        if found:
+            return f"contains a control character ({found.group()!r} at position {found.start()})"
     return None
 
 

@@ -30,6 +30,7 @@ from kumiko_workflows.exceptions import (
     RunNotRetryable,
     VersionConflict,
 )
+from kumiko_workflows.jsonvalues import text_problem
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
     Event,
@@ -40,6 +41,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.runner import Cursor, RunContext, SegmentFailed, run_segment
 from kumiko_workflows.steps import Retry, Step, Wait, WaitForEvent
+from kumiko_workflows.store import name_problem
 from kumiko_workflows.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
@@ -320,6 +322,7 @@ def resume_due_runs(
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+    _check_name(tenant_id, "tenant_id", "tenant_id")
     # Wake-ups not yet decided (their process died after commit, or a row
     # was locked) first, so the runs they wake are due in this pass.
     decide_waiting_checks(tenant_id)
@@ -480,13 +483,29 @@ def _append_to_run(
     return False
 
 
+def _check_name(value: Any, what: str, column: str, *, blank: bool = False) -> None:
+    """Refuse, before any SQL, a value (None aside) the event's ``column`` cannot hold."""
+    problem = None if value is None else name_problem(value, column, blank=blank)
+    if problem:
+        raise InvalidArgument(f"{what} {problem}")
+
+
+def _check_by(by: str | None) -> None:
+    _check_name(by, "by", "created_by", blank=True)
+
+
 def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> bool:
     """Cancel a run that has not finished; False if it already had.
 
-    Raises :class:`RunNotFound` for an unknown id.
+    Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
+    for a reason or ``by`` the event store would refuse.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidArgument("cancel_run() needs a reason (a non-empty string)")
+    problem = text_problem(reason)
+    if problem:
+        raise InvalidArgument(f"reason {problem}")
+    _check_by(by)
     return _append_to_run(
         run_id,
         lambda run: run.status not in SETTLED_STATUSES,
@@ -499,8 +518,10 @@ def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> b
 def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     """Make a waiting run due now; False if it is not waiting.
 
-    Raises :class:`RunNotFound` for an unknown id.
+    Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
+    for a ``by`` the event store would refuse.
     """
+    _check_by(by)
     return _append_to_run(
         run_id,
         lambda run: run.status == RunStatus.WAITING,
@@ -515,8 +536,10 @@ def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
 
     The steps of that attempt were rolled back with the failure, so they run
     again. Raises :class:`RunNotRetryable` when the run is not failed or its
-    workflow's definition changed since it started.
+    workflow's definition changed since it started, :class:`InvalidArgument`
+    for a ``by`` the event store would refuse.
     """
+    _check_by(by)
     run = _run(run_id)
     if run.status != RunStatus.FAILED:
         raise RunNotRetryable(f"run {run.run_id} is {run.status}, not failed")

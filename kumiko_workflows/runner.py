@@ -99,7 +99,9 @@ class RunContext:
     ) -> Event:
         """Append a domain event in the run's transaction (and the run's tenant)."""
         kwargs.setdefault("tenant_id", self.tenant_id)
-        kwargs.setdefault("created_by", f"workflow:{self.workflow_name}")
+        # A workflow name may be as long as created_by itself: cut to the column.
+        limit = Event._meta.get_field("created_by").max_length
+        kwargs.setdefault("created_by", f"workflow:{self.workflow_name}"[:limit])
         return append_event(aggregate_id, aggregate_type, type, payload, **kwargs)
 
     def snapshot(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ stays usable.
 from __future__ import annotations
 
 import functools
+import math
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -18,13 +19,14 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Max
 from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidEvent, VersionConflict
-from kumiko_workflows.jsonvalues import NotJSON, json_size, to_json
+from kumiko_workflows.jsonvalues import NotJSON, json_size, text_problem, to_json
 from kumiko_workflows.models import Event
 from kumiko_workflows.projections import registry
 
@@ -54,15 +56,62 @@ def _as_uuid(value: Any) -> uuid.UUID:
             return uuid.UUID(value)
         except ValueError:
             pass
-    raise InvalidEvent(f"aggregate_id must be a UUID, got {value!r}")
+    raise InvalidEvent(f"aggregate_id must be a UUID, got {_shown(value)}")
 
 
-def _name(value: Any, what: str, max_length: int) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidEvent(f"{what} must be a non-empty string, got {value!r}")
-    if len(value) > max_length:
-        raise InvalidEvent(f"{what} is longer than {max_length} characters")
+def _shown(value: Any) -> str:
+    """``repr(value)`` for an error message, cut short."""
+    try:
+        text = repr(value)
+    except Exception:  # an integer of more than 4,300 digits, or a broken __repr__
+        if isinstance(value, int):
+            return f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 80 else f"{text[:76]}...{text[-1]}"
+
+
+@functools.cache
+def _max_length(column: str) -> int:
+    length = cast(Field, Event._meta.get_field(column)).max_length
+    assert length is not None, column
+    return length
+
+
+def name_problem(value: Any, column: str, *, blank: bool = False) -> str | None:
+    """Why ``value`` cannot be stored in the name column ``column`` of Event, or None.
+
+    Checked before any SQL, so every database answers alike: PostgreSQL raises
+    on an overlong value or a NUL (and the raised error aborts the caller's
+    transaction) where SQLite stores them. ``blank`` allows the empty string.
+    """
+    if not isinstance(value, str) or not (blank or value.strip()):
+        return f"must be a {'string' if blank else 'non-empty string'}, got {_shown(value)}"
+    limit = _max_length(column)
+    if len(value) > limit:
+        return f"is longer than {limit} characters"
+    return text_problem(value, controls=False)
+
+
+def _name(value: Any, column: str, *, blank: bool = False) -> str:
+    problem = name_problem(value, column, blank=blank)
+    if problem:
+        raise InvalidEvent(f"{column} {problem}")
     return value
+
+
+@functools.cache
+def _column_max(column: str) -> int:
+    # The range PostgreSQL enforces for the column's type (and raises beyond,
+    # aborting the transaction); SQLite would store more.
+    field = Event._meta.get_field(column)
+    return BaseDatabaseOperations.integer_field_ranges[field.get_internal_type()][1]
+
+
+def _counter(value: Any, what: str, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidEvent(f"{what} must be an integer >= {low}, got {_shown(value)}")
+    if value > high:
+        raise InvalidEvent(f"{what} must be at most {high}, got {_shown(value)}")
 
 
 def _json_object(value: Any, what: str) -> dict[str, Any]:
@@ -112,30 +161,25 @@ def append_event(
     savepoint round trips, and a failing projection then dooms that block.
     """
     aggregate = _as_uuid(aggregate_id)
-    aggregate_type = _name(aggregate_type, "aggregate_type", 100)
+    aggregate_type = _name(aggregate_type, "aggregate_type")
     if aggregate_type in RESERVED_AGGREGATE_TYPES and not _engine_writing.get():
         raise InvalidEvent(
             f"aggregate type {aggregate_type!r} is reserved: only the engine writes those "
             "streams (use cancel_run, wake_run or retry_run to act on a run)"
         )
-    type = _name(type, "type", 200)
+    type = _name(type, "type")
     tenant = _name(
-        workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id", 100
+        workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id"
     )
+    created_by = "" if created_by is None else _name(created_by, "created_by", blank=True)
     clean_payload = _json_object(payload, "payload")
     clean_metadata = _json_object(metadata, "metadata")
-    if created_by is not None and not isinstance(created_by, str):
-        raise InvalidEvent(f"created_by must be a string, got {created_by!r}")
-    if expected_version is not None and (
-        isinstance(expected_version, bool)
-        or not isinstance(expected_version, int)
-        or expected_version < 0
-    ):
-        raise InvalidEvent(f"expected_version must be an integer >= 0, got {expected_version!r}")
-    if isinstance(event_version, bool) or not isinstance(event_version, int) or event_version < 1:
-        raise InvalidEvent(f"event_version must be an integer >= 1, got {event_version!r}")
+    if expected_version is not None:
+        # The event takes expected_version + 1, which must fit the column too.
+        _counter(expected_version, "expected_version", 0, _column_max("version") - 1)
+    _counter(event_version, "event_version", 1, _column_max("event_version"))
     if created_at is not None and not isinstance(created_at, datetime):
-        raise InvalidEvent(f"created_at must be an aware datetime, got {created_at!r}")
+        raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
     if created_at is not None and (created_at.tzinfo is None or created_at.utcoffset() is None):
         raise InvalidEvent(f"created_at is a naive datetime ({created_at.isoformat()})")
     event = Event(
@@ -146,7 +190,7 @@ def append_event(
         event_version=event_version,
         payload=clean_payload,
         metadata=clean_metadata,
-        created_by=created_by or "",
+        created_by=created_by,
     )
     if created_at is not None:
         event.created_at = created_at

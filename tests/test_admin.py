@@ -466,6 +466,45 @@ def test_run_list_shows_each_cron_schedule_with_its_last_and_next_slot(
     assert reverse("admin:kumiko_workflows_workflowrun_change", args=[slot_run]) in page
 
 
+@pytest.mark.parametrize(
+    "expression, problem",
+    [
+        (
+            "0 0 30 2 *",
+            "cron expression &#x27;0 0 30 2 *&#x27; never fires within the next 5 years",
+        ),
+        ("0 0 1 1 1#5", "never fires within the next 5 years"),
+        ("R R * * *", "has the random field &#x27;R&#x27;"),
+    ],
+)
+def test_run_list_shows_a_schedule_that_cannot_fire_and_the_others(
+    client, root, expression, problem
+):
+    """A definition that skipped validation (older than it, or a stale deploy)."""
+    from datetime import UTC, datetime
+
+    from kumiko_workflows import fire_due_schedules
+    from kumiko_workflows.definition import CronTrigger, Workflow
+    from kumiko_workflows.exceptions import ScheduleError
+    from tests.testapp import cron_workflows as cw
+
+    stale = Workflow("t-cron-stale", CronTrigger(expression), [steps.compute("x", cw.slot_of)])
+    with registry.override(cw.hourly_skip, stale):
+        with pytest.raises(ScheduleError):
+            fire_due_schedules(now=datetime(2026, 1, 5, 9, 30, tzinfo=UTC))
+        response = client.get(reverse(RUNS))
+        pending = client.get(reverse(PENDING))
+
+    assert (response.status_code, pending.status_code) == (200, 200)
+    page = response.content.decode()
+    assert "Cron schedules" in page and "t-cron-stale" in page
+    assert "cannot fire: cron expression" in page and problem in page
+    rows = {row["workflow_name"]: row for row in response.context["kw_schedules"]}
+    assert rows["t-cron-stale"]["next_slot"] is None
+    assert rows[cw.hourly_skip.name]["next_slot"] is not None
+    assert rows[cw.hourly_skip.name]["problem"] is None
+
+
 def two_tenants():
     return ["acme", "globex"]
 

@@ -5,18 +5,23 @@ non-JSON payloads), tests/test_definitions.py (malformed static match
 expressions, durations and awaits keys at definition time, and the property
 tests of the matcher and the duration parser) and tests/test_runs.py (bad
 callable arguments when a run starts). Here: the resume path, hostile
-payloads through a real wake-up, and tampered pending rows.
+payloads through a real wake-up, tampered pending rows, and strings and
+integers a database would refuse or garble, through every entry point that
+writes them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import pytest
+from django.db import transaction
 
 from kumiko_workflows import append_event, resume_due_runs, run_id_for
 from kumiko_workflows import event_types as et
+from kumiko_workflows.exceptions import InvalidArgument, InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from tests.conftest import run_events, trigger, types_of
 
@@ -232,3 +237,273 @@ def test_a_pending_row_with_tampered_state_fails_its_run_not_every_pass(past, st
     assert failed["reason"] == "invalid_pending_row"
     assert f"pending row has a malformed state: {detail}" in run.last_error
     assert resume_due_runs().processed == 0
+
+
+# --- strings and numbers a database would refuse or garble ----------------------------
+#
+# Each is refused by append_event before any SQL, with InvalidEvent naming the
+# field, on SQLite as on PostgreSQL (where the raw error would abort the
+# caller's transaction); the same transaction then goes on writing.
+
+
+NAME_FIELDS = ("tenant_id", "type", "aggregate_type", "created_by")
+
+
+#: A value (None: one character over the column's max_length) and the problem.
+BAD_NAMES = {
+    "NUL": ("acme\x00x", "contains a NUL character"),
+    "lone surrogate": ("acme\ud800", "is not valid Unicode text"),
+    "newline": ("acme\nx", r"contains a control character \('\\n' at position 4\)"),
+    "escape": ("\x1b[31macme", r"contains a control character \('\\x1b' at position 0\)"),
+    "DEL": ("acme\x7f", "contains a control character"),
+    "C1 control": ("acme\x85", "contains a control character"),
+    "too long": (None, "is longer than {max_length} characters"),
+}
+
+
+def _arguments(stream, **overrides) -> dict:
+    return {
+        "aggregate_id": stream,
+        "aggregate_type": "thing",
+        "type": "t.thing",
+        "payload": {},
+        "tenant_id": "default",
+    } | overrides
+
+
+@pytest.mark.parametrize("field", NAME_FIELDS)
+@pytest.mark.parametrize("value, message", BAD_NAMES.values(), ids=BAD_NAMES.keys())
+def test_a_bad_name_is_refused_before_any_sql_and_the_transaction_goes_on(
+    field, value, message, django_assert_num_queries
+):
+    stream = uuid.uuid4()
+    max_length = Event._meta.get_field(field).max_length
+    if value is None:
+        value = "x" * (max_length + 1)
+    with transaction.atomic():
+        with django_assert_num_queries(0), pytest.raises(InvalidEvent) as refused:
+            append_event(**_arguments(stream, **{field: value}))
+        written = append_event(**_arguments(stream))
+
+    assert re.match(f"{field} {message.format(max_length=max_length)}", str(refused.value))
+    assert [event.id for event in Event.objects.filter(aggregate_id=stream)] == [written.id]
+
+
+def test_a_name_at_the_column_length_with_tabs_elsewhere_is_fine():
+    """The limits are the columns' own, and only names refuse control characters."""
+    stream = uuid.uuid4()
+    values = {field: "n" * Event._meta.get_field(field).max_length for field in NAME_FIELDS}
+    event = append_event(**_arguments(stream, **values, payload={"note": "a\tb\nc"}))
+
+    stored = Event.objects.get(pk=event.pk)
+    assert {field: getattr(stored, field) for field in NAME_FIELDS} == values
+    assert stored.payload == {"note": "a\tb\nc"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_overlong_created_by_leaves_the_callers_transaction_usable_and_it_commits():
+    stream, other = uuid.uuid4(), uuid.uuid4()
+    with transaction.atomic():
+        with pytest.raises(InvalidEvent, match="created_by is longer than 200 characters"):
+            append_event(stream, "thing", "t.thing", {}, created_by="a" * 300)
+        append_event(other, "thing", "t.thing", {}, created_by="b" * 200)
+
+    # Committed (this test runs outside a test transaction): read back fresh.
+    assert not Event.objects.filter(aggregate_id=stream).exists()
+    assert Event.objects.get(aggregate_id=other).created_by == "b" * 200
+
+
+OTHER_ARGUMENTS = {
+    # PostgreSQL raises "smallint/integer out of range" (aborting the
+    # transaction) where SQLite stores the number.
+    "event_version over smallint": (
+        {"event_version": 32768},
+        "event_version must be at most 32767, got 32768",
+    ),
+    "expected_version at the column's top": (
+        {"expected_version": 2**31 - 1},
+        "expected_version must be at most 2147483646, got 2147483647",
+    ),
+    # Python cannot print these integers: the message must not try.
+    "tenant_id a huge integer": (
+        {"tenant_id": 10**5000},
+        "tenant_id must be a non-empty string, got an integer of about 5000 digits",
+    ),
+    "aggregate_id a huge integer": (
+        {"aggregate_id": -(10**5000)},
+        "aggregate_id must be a UUID, got an integer of about 5000 digits",
+    ),
+    "created_by a long list": (
+        {"created_by": ["x"] * 100},
+        r"created_by must be a string, got \['x', 'x', .*\.\.\.\]$",
+    ),
+}
+
+
+@pytest.mark.parametrize("overrides, message", OTHER_ARGUMENTS.values(), ids=OTHER_ARGUMENTS)
+def test_numbers_over_their_column_and_unprintable_values_are_refused_before_any_sql(
+    overrides, message, django_assert_num_queries
+):
+    stream = uuid.uuid4()
+    append_event(**_arguments(stream))
+    with transaction.atomic():
+        with django_assert_num_queries(0), pytest.raises(InvalidEvent, match=message):
+            append_event(**_arguments(stream, **overrides))
+        written = append_event(**_arguments(stream))
+
+    assert [event.version for event in Event.objects.filter(aggregate_id=stream)] == [1, 2]
+    assert written.version == 2
+
+
+# JSON numbers: every supported database must hold the integer exactly.
+# PostgreSQL's jsonb keeps any size, but SQLite's JSON functions (which the
+# JSONField lookups use) turn integers beyond 64 bits into floats, and Python
+# refuses to print integers of more than 4,300 digits at all.
+
+BIG_INTEGERS = {
+    "2**63": ({"n": 2**63}, r"payload\['n'\] is an integer beyond the 64-bit range"),
+    "-2**63 - 1": ({"a": [-(2**63) - 1]}, r"payload\['a'\]\[0\] is an integer beyond"),
+    "5,000 digits": ({"n": {"m": 10**5000}}, r"payload\['n'\]\['m'\] is an integer beyond"),
+}
+
+
+@pytest.mark.parametrize("payload, message", BIG_INTEGERS.values(), ids=BIG_INTEGERS.keys())
+@pytest.mark.parametrize("where", ["payload", "metadata"])
+def test_an_integer_json_cannot_hold_exactly_is_refused_naming_its_key_path(
+    where, payload, message, django_assert_num_queries
+):
+    stream = uuid.uuid4()
+    message = message.replace("payload", where)
+    with django_assert_num_queries(0), pytest.raises(InvalidEvent, match=message):
+        append_event(**_arguments(stream, **{where: payload}))
+    assert not Event.objects.filter(aggregate_id=stream).exists()
+
+
+def test_the_64_bit_extremes_round_trip_and_can_be_queried():
+    edges = {"max": 2**63 - 1, "min": -(2**63)}
+    event = append_event(**_arguments(uuid.uuid4(), payload=edges, metadata=edges))
+
+    stored = Event.objects.get(pk=event.pk)
+    assert stored.payload == stored.metadata == edges
+    assert Event.objects.filter(pk=event.pk, payload__max=2**63 - 1).exists()
+    assert Event.objects.filter(pk=event.pk, payload__min=-(2**63)).exists()
+
+
+def test_a_step_result_of_a_5000_digit_integer_fails_the_run_naming_it():
+    event = trigger("t.faults-result", junk="huge int")
+    run_id = run_id_for("t-faults-result", event.payload["run_key"])
+
+    failed, run = _failed(run_id)
+    assert failed["reason"] == "invalid_step_result"
+    assert "ctx.steps['junk'] is an integer beyond the 64-bit range" in run.last_error
+    assert Event.objects.filter(pk=event.pk).exists()
+
+
+# --- the other entry points that write these strings ---------------------------------
+
+
+BAD_BY = {
+    "too long": ("a" * 300, "by is longer than 200 characters"),
+    "NUL": ("admin:\x00", "by contains a NUL character"),
+    "lone surrogate": ("admin:\udfff", "by is not valid Unicode text"),
+    "newline": ("admin:\nroot", "by contains a control character"),
+    "not a string": (7, "by must be a string, got 7"),
+}
+
+
+def _operation(name):
+    from kumiko_workflows import cancel_run, retry_run, wake_run
+
+    return {
+        "cancel": lambda run_id, by: cancel_run(run_id, "duplicate", by=by),
+        "wake": lambda run_id, by: wake_run(run_id, by=by),
+        "retry": lambda run_id, by: retry_run(run_id, by=by),
+    }[name]
+
+
+@pytest.mark.parametrize("operation", ["cancel", "wake", "retry"])
+@pytest.mark.parametrize("by, message", BAD_BY.values(), ids=BAD_BY.keys())
+def test_a_bad_by_is_refused_before_any_sql_and_the_run_is_untouched(
+    operation, by, message, future, django_assert_num_queries
+):
+    event = trigger("t.wait", **{"for": future})
+    run_id = run_id_for("t-wait", event.payload["run_key"])
+    with transaction.atomic():
+        with django_assert_num_queries(0), pytest.raises(InvalidArgument, match=message):
+            _operation(operation)(run_id, by)
+        assert _operation("wake")(run_id, "admin:root") is True  # the transaction goes on
+
+    assert types_of(run_id) == [et.RUN_STARTED, et.WAITING, et.WAKE_REQUESTED]
+
+
+BAD_REASONS = {
+    "NUL": ("dup\x00licate", "reason contains a NUL character"),
+    "lone surrogate": ("dup\ud800", "reason is not valid Unicode text"),
+}
+
+
+@pytest.mark.parametrize("reason, message", BAD_REASONS.values(), ids=BAD_REASONS.keys())
+def test_a_bad_cancel_reason_is_refused_before_any_sql(
+    reason, message, future, django_assert_num_queries
+):
+    from kumiko_workflows import cancel_run
+
+    run_id = run_id_for("t-wait", trigger("t.wait", **{"for": future}).payload["run_key"])
+    with django_assert_num_queries(0), pytest.raises(InvalidArgument, match=message):
+        cancel_run(run_id, reason, by="admin:root")
+    # A reason may span lines: only names refuse control characters.
+    assert cancel_run(run_id, "duplicate\norder", by="admin:root") is True
+    assert run_events(run_id)[-1].payload["reason"] == "duplicate\norder"
+
+
+@pytest.mark.parametrize("value, message", BAD_NAMES.values(), ids=BAD_NAMES.keys())
+def test_a_bad_tenant_for_resume_due_runs_is_refused_before_any_sql(
+    value, message, django_assert_num_queries
+):
+    tenant = "t" * 101 if value is None else value
+    message = "tenant_id " + message.format(max_length=100)
+    with django_assert_num_queries(0), pytest.raises(InvalidArgument, match=message):
+        resume_due_runs(tenant_id=tenant)
+
+
+STEP_APPENDS = {
+    "overlong created_by": ("long created_by", "created_by is longer than 200 characters"),
+    "NUL in type": ("NUL type", "type contains a NUL character"),
+    "newline in aggregate_type": ("newline aggregate_type", "aggregate_type contains a control"),
+    "huge integer": ("huge payload", r"payload['n'] is an integer beyond the 64-bit range"),
+}
+
+
+@pytest.mark.parametrize("bad, detail", STEP_APPENDS.values(), ids=STEP_APPENDS.keys())
+def test_a_bad_append_from_a_step_fails_the_run_not_the_trigger_write(bad, detail):
+    event = trigger("t.step-appends", bad=bad)
+    run_id = run_id_for("t-step-appends", event.payload["run_key"])
+
+    failed, run = _failed(run_id)
+    assert (failed["reason"], run.error_class) == ("step_failed", "InvalidEvent")
+    assert detail in run.last_error
+    assert Event.objects.filter(pk=event.pk).exists()
+    assert not Event.objects.filter(aggregate_id=event.aggregate_id).exclude(pk=event.pk).exists()
+
+
+def test_a_step_of_a_workflow_with_a_200_character_name_can_append():
+    """ctx.append_event's default created_by ('workflow:<name>') fits its column."""
+    from kumiko_workflows import define_workflow, on_event, steps
+    from kumiko_workflows.definition import registry
+    from tests.testapp.workflows import append_as_told, run_key
+
+    name = "w" * 200
+    workflow = define_workflow(
+        name,
+        on_event("t.long-name"),
+        [steps.compute("append", append_as_told)],
+        idempotency_key=run_key,
+        register=False,
+    )
+    with registry.override(workflow):
+        event = trigger("t.long-name", bad="nothing")
+
+    run = WorkflowRun.objects.get(run_id=run_id_for(name, event.payload["run_key"]))
+    assert run.status == "completed", run.last_error
+    written = Event.objects.get(aggregate_id=event.aggregate_id, type="t.appended")
+    assert written.created_by == f"workflow:{name}"[:200]

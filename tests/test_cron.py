@@ -25,7 +25,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.checks import check_workflows
 from kumiko_workflows.cron import schedule_id, schedule_overview
 from kumiko_workflows.definition import CronTrigger, Workflow, registry
-from kumiko_workflows.exceptions import WorkflowDefinitionError
+from kumiko_workflows.exceptions import ScheduleError, WorkflowDefinitionError
 from kumiko_workflows.models import Event, WorkflowRun
 from tests.conftest import REPO, run_events, subprocess_env, types_of
 from tests.testapp import cron_workflows as cw
@@ -74,6 +74,19 @@ def run_scheduler(workflow, started: str, first: str, last: str) -> int:
         (("",), "non-empty string"),
         (("0 9 * * 1-5", "Mars/Olympus_Mons"), "not a known IANA time zone"),
         (("0 9 * * 1-5", "UTC", "sometimes"), "catch_up must be one of skip, latest, all"),
+        # Valid to croniter, but no date matches: 30 February, 31 April, a fifth
+        # Monday in January that is also the 1st.
+        (("0 0 30 2 *",), "'0 0 30 2 \\*' never fires within the next 5 years"),
+        (("0 0 31 4 *",), "never fires within the next 5 years"),
+        (("0 0 1 1 1#5",), "never fires within the next 5 years"),
+        (("*/10 * 30 2 * *",), "never fires within the next 5 years"),
+        # Random fields draw a new time each time croniter reads them.
+        (("R R * * *",), "has the random field 'R'"),
+        (("*/5 R(0-5) * * *",), "has the random field 'R\\(0-5\\)'"),
+        (("0 0 * * * r",), "has the random field 'r'"),
+        # Hashed fields need a hash id on_cron does not take.
+        (("H H * * *",), "has the hashed field 'H'"),
+        (("H/15 * * * *",), "has the hashed field 'H/15'"),
     ],
 )
 def test_invalid_cron_triggers_are_refused_at_definition_time(args, problem):
@@ -84,6 +97,39 @@ def test_invalid_cron_triggers_are_refused_at_definition_time(args, problem):
 
 def test_six_fields_with_seconds_are_accepted():
     assert on_cron("*/30 * * * * *").expression == "*/30 * * * * *"
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["0 0 29 2 *", "0 0 L 2 *", "0 0 * * 1#5", "0 0 31 * *", "0 0 29 2 1", "0 12 * mar-apr thu"],
+)
+def test_rare_but_real_dates_are_accepted(expression):
+    """Leap days, last days, fifth weekdays: they fire, if not every month."""
+    assert on_cron(expression).expression == expression
+
+
+NEVER_FIRES = CronTrigger("0 0 30 2 *")
+RANDOM = CronTrigger("R R * * *")
+
+
+@pytest.mark.parametrize(
+    "trigger, problem",
+    [
+        (NEVER_FIRES, "'0 0 30 2 *' never fires within the next 5 years"),
+        (RANDOM, "'R R * * *' has the random field 'R': croniter draws a new value"),
+        (CronTrigger("H 3 * * *"), "'H 3 * * *' has the hashed field 'H'"),
+    ],
+)
+def test_the_system_check_reports_a_cron_trigger_that_cannot_fire_once_per_slot(trigger, problem):
+    """A trigger built without on_cron (as a definition older than this check was)."""
+    workflow = Workflow("t-cron-stale", trigger, [steps.compute("x", cw.slot_of)])
+    with pytest.raises(WorkflowDefinitionError, match=r"\[kumiko_workflows.E008\]"):
+        define_workflow("t-cron-stale", trigger, [steps.compute("x", cw.slot_of)], register=False)
+
+    (error,) = check_workflows(workflows=[workflow])
+    assert error.id == "kumiko_workflows.E008"
+    assert problem in error.msg
+    assert "dates which exist" in error.hint and "no R or H" in error.hint
 
 
 def test_an_invalid_cron_trigger_fails_define_workflow_and_the_system_check():
@@ -131,6 +177,65 @@ def test_without_cron_workflows_a_pass_writes_nothing():
     with registry.without(*[w.name for w in registry.all()]):
         assert fire_due_schedules(now=at("2030-01-01T05:00:00+00:00")) == 0
     assert not Event.objects.filter(aggregate_type=et.SCHEDULE_AGGREGATE_TYPE).exists()
+
+
+def _stale(name: str, trigger: CronTrigger) -> Workflow:
+    """A cron workflow that skipped definition-time validation (defined before an upgrade)."""
+    return Workflow(name, trigger, [steps.compute("slot", cw.slot_of)])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("trigger", [NEVER_FIRES, RANDOM], ids=["never fires", "random"])
+def test_a_schedule_that_cannot_fire_is_loud_and_never_stops_the_others(trigger, caplog):
+    stale = _stale("t-cron-stale", trigger)
+    with registry.override(cw.hourly_skip, stale):
+        with pytest.raises(ScheduleError, match=r"1 cron schedule\(s\) could not fire"):
+            fire_due_schedules(now=at(START))
+        # A random schedule would see a new slot at every pass: none may fire.
+        for minute in range(0, 180, 4):
+            moment = at("2030-01-01T01:00:00+00:00") + timedelta(minutes=minute)
+            with pytest.raises(ScheduleError, match=r"; (0|1) run\(s\) started"):
+                fire_due_schedules(now=moment)
+
+    assert fired_slots(cw.hourly_skip) == [
+        "2030-01-01T01:00:00+00:00",
+        "2030-01-01T02:00:00+00:00",
+        "2030-01-01T03:00:00+00:00",
+    ]
+    assert not Event.objects.filter(aggregate_id=schedule_id(stale.name, "default")).exists()
+    assert not runs_of(stale)
+    problems = [r.getMessage() for r in caplog.records if "t-cron-stale" in r.getMessage()]
+    assert problems and f"{trigger.expression!r}" in problems[0]
+    assert "not fired" in problems[0]
+
+
+@pytest.mark.django_db
+def test_schedule_overview_shows_a_schedule_that_cannot_fire_instead_of_raising():
+    with registry.override(cw.hourly_latest, _stale("t-cron-never", NEVER_FIRES)):
+        rows = {r["workflow_name"]: r for r in schedule_overview(now=at(START))}
+
+    never = rows["t-cron-never"]
+    assert never["next_slot"] is None
+    assert "'0 0 30 2 *' never fires within the next 5 years" in never["problem"]
+    good = rows[cw.hourly_latest.name]
+    assert (good["problem"], good["next_slot"]) == (None, at("2030-01-01T01:00:00+00:00"))
+
+
+@pytest.mark.django_db
+def test_workflow_status_shows_a_schedule_that_cannot_fire():
+    import json
+
+    out = StringIO()
+    with registry.override(_stale("t-cron-never", NEVER_FIRES)):
+        call_command("workflow_status", stdout=out)
+        call_command("workflow_status", "--json", stdout=out)
+
+    text, data = out.getvalue().split("\n{", 1)
+    assert "t-cron-never" in text
+    assert "cannot fire: cron expression '0 0 30 2 *' never fires within the next 5" in text
+    (row,) = json.loads("{" + data)["cron"]
+    assert row["next_slot"] is None
+    assert "never fires within the next 5 years" in row["problem"]
 
 
 # --- catch-up after a gap ------------------------------------------------------------
@@ -352,6 +457,8 @@ def test_cron_workflows_fire_for_each_configured_tenant(settings):
         (lambda: "acme", "must return a list of tenant ids, got 'acme'"),
         (lambda: ["acme", ""], "invalid tenant id ''"),
         (lambda: [None], "invalid tenant id None"),
+        (lambda: ["t" * 101], "the tenant id is longer than 100 characters"),
+        (lambda: ["acme\nglobex"], "the tenant id contains a control character"),
         ("tests.testapp.cron_workflows.nowhere", "cannot be imported"),
     ],
 )

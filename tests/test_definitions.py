@@ -352,7 +352,10 @@ def test_invalid_cron_is_refused_by_on_cron_and_by_the_check():
     errors = check_workflows(workflows=[workflow])
     assert [e.id for e in errors] == ["kumiko_workflows.E008"]
     assert "cron expression '61 * * * *' is not valid" in errors[0].msg
-    assert errors[0].hint == "Use a 5-field cron expression and an IANA time zone."
+    assert errors[0].hint == (
+        "Use a 5-field cron expression of fixed times (no R or H fields) that names dates "
+        "which exist, and an IANA time zone."
+    )
 
 
 def test_callable_arguments_are_not_validated_at_define_time():
@@ -485,7 +488,18 @@ SETTINGS_ERRORS = {
     "empty tenant": (
         {"DEFAULT_TENANT": ""},
         "E023",
-        "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] must be a string of 1-100 characters, got ''.",
+        "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] must be a non-empty string, got ''.",
+    ),
+    "overlong tenant": (
+        {"DEFAULT_TENANT": "t" * 101},
+        "E023",
+        "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] is longer than 100 characters.",
+    ),
+    "tenant with a NUL": (
+        {"DEFAULT_TENANT": "acme\x00"},
+        "E023",
+        "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] contains a NUL character (\\u0000), which the "
+        "database cannot store.",
     ),
     "unimportable tenants": (
         {"CRON_TENANTS": "no.such.module.tenants"},

@@ -214,6 +214,7 @@ def junk_result(ctx):
         "naive": datetime(2026, 1, 31, 9, 0),
         "bytes": b"raw",
         "object": object(),
+        "huge int": 10**5000,
     }[ctx.event.payload["junk"]]
 
 
@@ -270,4 +271,36 @@ faults_big_result = define_workflow(
         steps.wait("PT1H"),
         steps.compute("after", record("after")),
     ],
+)
+
+
+def append_as_told(ctx):
+    """Append a domain event with one bad argument, chosen by the trigger payload.
+
+    The bad values cannot travel in the payload itself (a NUL would be refused
+    there), so the payload names them.
+    """
+    arguments = {
+        "aggregate_type": "test",
+        "type": "t.appended",
+        "payload": {},
+    }
+    bad = ctx.event.payload["bad"]
+    if bad == "long created_by":
+        arguments["created_by"] = "c" * 300
+    elif bad == "NUL type":
+        arguments["type"] = "t.app\x00ended"
+    elif bad == "newline aggregate_type":
+        arguments["aggregate_type"] = "te\nst"
+    elif bad == "huge payload":
+        arguments["payload"] = {"n": 10**5000}
+    ctx.append_event(ctx.event.aggregate_id, **arguments)
+    return bad
+
+
+step_appends = define_workflow(
+    name="t-step-appends",
+    trigger=on_event("t.step-appends"),
+    idempotency_key=run_key,
+    steps=[steps.compute("append", append_as_told)],
 )

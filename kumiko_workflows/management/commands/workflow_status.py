@@ -92,7 +92,7 @@ def cron_schedules(tenant: str | None, now: datetime) -> list[dict[str, Any]]:
                 "started_at": row["started_at"].isoformat() if row["started_at"] else None,
                 "last_slot": row["last_slot"].isoformat() if row["last_slot"] else None,
                 "last_run_id": str(row["last_run_id"]) if row["last_run_id"] else None,
-                "next_slot": row["next_slot"].isoformat(),
+                "next_slot": row["next_slot"].isoformat() if row["next_slot"] else None,
             }
         )
     return rows
@@ -106,9 +106,11 @@ def print_cron(command: BaseCommand, rows: list[dict[str, Any]]) -> None:
         command.stdout.write(
             f"  {row['workflow_name']}  tenant {row['tenant_id']}  "
             f"{row['expression']!r} {row['timezone']} catch_up={row['catch_up']}\n"
-            f"      last slot {row['last_slot'] or '—'}, next slot {row['next_slot']}"
+            f"      last slot {row['last_slot'] or '—'}, next slot {row['next_slot'] or '—'}"
             + ("" if row["started_at"] else " (not started: the next scheduler pass starts it)")
         )
+        if row["problem"]:
+            command.stdout.write(command.style.ERROR(f"      cannot fire: {row['problem']}"))
 
 
 # --- the command ---------------------------------------------------------------------
