@@ -98,7 +98,8 @@ class TimelineEntry:
 def timeline(run: WorkflowRun) -> list[TimelineEntry]:
     """The run's events, oldest first, each with its step and a short payload."""
     entries = []
-    for event in Event.objects.filter(aggregate_id=run.run_id).order_by("version"):
+    stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
+    for event in stream.order_by("version"):
         payload = event.payload or {}
         step = payload.get("step") or ""
         entries.append(
@@ -135,7 +136,8 @@ def pending_row(run: WorkflowRun) -> WorkflowRunPending | None:
 
 
 def _latest(run: WorkflowRun, type: str) -> Event | None:
-    return Event.objects.filter(aggregate_id=run.run_id, type=type).order_by("-version").first()
+    stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
+    return stream.filter(type=type).order_by("-version").first()
 
 
 def _when(value: datetime | None) -> str:

@@ -5,8 +5,8 @@ PostgreSQL, so racing workers never pick the same row) a batch per
 transaction: optimistically first, and row by row in savepoints when a row
 fails. The claim is appending
 ``workflow.step.resumed`` at the version after the suspension: the stream's
-unique (aggregate_id, version) decides every race, so each suspension is
-resumed at most once.
+unique (tenant_id, aggregate_id, version) decides every race, so each
+suspension is resumed at most once.
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ class ResumeReport:
 def _definition_changed(row: WorkflowRunPending, workflow: Workflow | None) -> str:
     if workflow is None:
         return f"workflow {row.workflow_name!r} is not registered (was it removed or renamed?)"
-    started = Event.objects.filter(aggregate_id=row.run_id, version=1).first()
+    started = Event.objects.filter(
+        tenant_id=row.tenant_id, aggregate_id=row.run_id, version=1
+    ).first()
     old_prints = started.payload.get("step_fingerprints") if started else None
     return (
         f"workflow {row.workflow_name!r} changed since this run started: "
@@ -519,7 +521,7 @@ def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
             "started (or is no longer registered)"
         )
     failed = (
-        Event.objects.filter(aggregate_id=run.run_id, type=et.RUN_FAILED)
+        Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id, type=et.RUN_FAILED)
         .order_by("-version")
         .first()
     )

@@ -434,7 +434,15 @@ def test_bulk_create_bypasses_the_projections(projection):
     stream = new_stream()
 
     Event.objects.bulk_create(
-        [Event(aggregate_id=stream, aggregate_type="thing", type="t.bulk", version=1)]
+        [
+            Event(
+                tenant_id="default",
+                aggregate_id=stream,
+                aggregate_type="thing",
+                type="t.bulk",
+                version=1,
+            )
+        ]
     )
     assert seen == []
     assert [e.type for e in load_stream(stream)] == ["t.bulk"]
@@ -476,7 +484,7 @@ RACER = textwrap.dedent(
 @pytest.mark.django_db(transaction=True)
 def test_two_processes_append_the_same_version_exactly_one_wins():
     stream = new_stream()
-    append(stream, "race.opened")
+    append_event(stream, "race", "race.opened", {})
     lock_key = 0x6B756D00 + uuid.uuid4().int % 1000
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [lock_key])

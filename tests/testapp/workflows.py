@@ -30,7 +30,10 @@ def gate(ctx):
     if ctx.retry_attempt <= ctx.event.payload.get("fail_attempts", 1):
         raise FlakyError("secret-detail: card 4242 declined")
     ctx.append_event(
-        ctx.event.aggregate_id, "test", "t.gate-passed", {"attempt": ctx.retry_attempt}
+        ctx.event.aggregate_id,
+        ctx.event.aggregate_type,
+        "t.gate-passed",
+        {"attempt": ctx.retry_attempt},
     )
     return ctx.retry_attempt
 
@@ -42,7 +45,10 @@ def fatal_gate(ctx):
 def record(name):
     def fn(ctx):
         ctx.append_event(
-            ctx.event.aggregate_id, "test", "t.recorded", {"step": name, "steps": dict(ctx.steps)}
+            ctx.event.aggregate_id,
+            ctx.event.aggregate_type,
+            "t.recorded",
+            {"step": name, "steps": dict(ctx.steps)},
         )
         return {"step": name, "seen": sorted(ctx.steps)}
 
@@ -51,7 +57,7 @@ def record(name):
 
 
 def boom(ctx):
-    ctx.append_event(ctx.event.aggregate_id, "test", "t.written-before-boom", {})
+    ctx.append_event(ctx.event.aggregate_id, ctx.event.aggregate_type, "t.written-before-boom", {})
     raise RuntimeError("secret-detail: database password is hunter2")
 
 
@@ -181,7 +187,7 @@ def write_then_block(ctx):
     """A database side effect, then hold: a worker killed here must roll it back."""
     ctx.append_event(
         ctx.event.aggregate_id,
-        "test",
+        ctx.event.aggregate_type,
         "t.faults-side-effect",
         {"run_key": ctx.event.payload["run_key"]},
     )
