@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import uuid
 from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Any
 
 MAX_DEPTH = 64
+#: Most digits an int may have. Python turns at most 4300 digits into text
+#: (``sys.set_int_max_str_digits``), so ``json.dumps`` refuses longer ints:
+#: refused here, they fail a run once instead of every write of its state.
+MAX_INT_DIGITS = 4000
+#: Ints this short have too few digits for any int-to-text limit (640 at least).
+_SHORT_INT_BITS = 2000
 
 
 class NotJSON(ValueError):
@@ -24,11 +31,16 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
     """Return ``value`` as plain JSON types, or raise :class:`NotJSON`.
 
     Aware datetimes become ISO 8601 strings and UUIDs strings; naive datetimes,
-    NaN/infinity, non-string keys and any other object are refused.
+    NaN/infinity, ints of more than :data:`MAX_INT_DIGITS` digits, non-string
+    keys and any other object are refused.
     """
     if _depth > MAX_DEPTH:
         raise NotJSON(f"{where} is nested more than {MAX_DEPTH} levels deep")
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if value.bit_length() > _SHORT_INT_BITS:
+            _check_digits(value, where)
         return value
     if isinstance(value, str):
         problem = _text_problem(value)
@@ -60,6 +72,16 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
     raise NotJSON(f"{where} is a {type(value).__name__}, which is not JSON-serialisable")
+
+
+def _check_digits(value: int, where: str) -> None:
+    limit = min(MAX_INT_DIGITS, sys.get_int_max_str_digits() or MAX_INT_DIGITS)
+    try:
+        digits = len(str(abs(value)))
+    except ValueError:  # over the interpreter's int-to-text limit
+        digits = limit + 1
+    if digits > limit:
+        raise NotJSON(f"{where} is an int of more than {limit} digits, too long to store as JSON")
 
 
 def _text_problem(text: str) -> str | None:

@@ -179,6 +179,14 @@ def test_aware_datetimes_dates_uuids_and_tuples_are_stored_as_json():
     assert Event.objects.get(pk=event.pk).payload == expected
 
 
+def test_an_int_of_4000_digits_is_stored_and_read_back():
+    big = -(10**4000 - 1)
+
+    event = append(new_stream(), payload={"n": big})
+
+    assert Event.objects.get(pk=event.pk).payload == {"n": big}
+
+
 # --- bad input ---------------------------------------------------------------
 
 
@@ -216,6 +224,14 @@ BAD_INPUT = {
     "infinity": (
         {"payload": {"a": {"b": float("inf")}}},
         r"payload\['a'\]\['b'\] is inf, which JSON cannot hold",
+    ),
+    "int json.dumps refuses": (
+        {"payload": {"n": [10**5000]}},
+        r"payload\['n'\]\[0\] is an int of more than 4000 digits",
+    ),
+    "int of 4001 digits": (
+        {"payload": {"n": -(10**4000)}},
+        r"payload\['n'\] is an int of more than 4000 digits",
     ),
     "non-string key": ({"payload": {1: "a"}}, "payload has a key 1 that is not a string"),
     "nested non-string key": (

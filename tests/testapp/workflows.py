@@ -265,3 +265,34 @@ faults_big_result = define_workflow(
         steps.compute("after", record("after")),
     ],
 )
+
+
+def huge_number(ctx):
+    """A result with more digits than Python turns into text (so json.dumps refuses it)."""
+    return {"n": 10**5000}
+
+
+#: The huge result at start (``wait_first`` false) or after a resume (true);
+#: either way the run suspends after it, so the result must be stored.
+faults_huge_result = define_workflow(
+    name="t-faults-huge-result",
+    trigger=on_event("t.faults-huge-result"),
+    idempotency_key=run_key,
+    steps=[
+        steps.branch(if_=payload_value("wait_first", False), then=[steps.wait("PT0S")], else_=[]),
+        steps.compute("huge", huge_number),
+        steps.wait("PT1H"),
+    ],
+)
+
+faults_huge_retry = define_workflow(
+    name="t-faults-huge-retry",
+    trigger=on_event("t.faults-huge-retry"),
+    idempotency_key=run_key,
+    steps=[
+        steps.retry(
+            times=2, backoff="linear", base_delay="PT10S", do=[steps.compute("huge", huge_number)]
+        ),
+        steps.wait("PT1H"),
+    ],
+)
