@@ -229,6 +229,16 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
         )
     else:
         facts.append(("Rerun", f"requested at {_when(row.due_since)}"))
+    if row.resume_errors:
+        from kumiko_workflows.resume import max_resume_errors
+
+        facts.append(
+            (
+                "Failed resumes",
+                f"{row.resume_errors} pass(es) in a row raised resuming it (the worker's log "
+                f"has why); the run fails after {max_resume_errors()}",
+            )
+        )
 
     due = row.wake_at is not None and row.wake_at <= now
     late_by = now - row.wake_at if due and row.wake_at else None

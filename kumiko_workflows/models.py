@@ -187,6 +187,12 @@ class WorkflowRunPending(models.Model):
     run is resumed, completes, fails or is cancelled. ``run_version`` is the
     stream version the resume claim must follow; ``state`` is the snapshot of
     step results (with awaited events by reference) the run resumes with.
+
+    ``resume_errors`` is the one column not projected from the events: how
+    many passes in a row a resume of this suspension raised. It is the
+    worker's bookkeeping (an event per failed pass would move the stream and
+    hold raw errors); it lives and dies with the suspension it counts, and a
+    rebuild starts it at 0 again.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -209,6 +215,13 @@ class WorkflowRunPending(models.Model):
     suspended_at = models.DateTimeField()
     due_since = models.DateTimeField(
         null=True, blank=True, help_text="When an event or a wake request made the row due."
+    )
+    # db_default: rows inserted outside the ORM (bulk loads, the load test) get 0 too.
+    resume_errors = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Passes in a row whose resume of this row raised; "
+        "KUMIKO_WORKFLOWS['MAX_RESUME_ERRORS'] of them fail the run.",
     )
 
     objects = WorkflowRunPendingQuerySet.as_manager()

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from kumiko_workflows import event_types as et
@@ -42,6 +43,7 @@ from kumiko_workflows.runner import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
     INVALID_PENDING_ROW,
+    RESUME_FAILED_REPEATEDLY,
     TRIGGER_EVENT_UNAVAILABLE,
     Cursor,
     Failure,
@@ -51,6 +53,7 @@ from kumiko_workflows.runner import (
     fail_run,
     look_back,
     look_back_floor,
+    raised,
     run_segment,
 )
 from kumiko_workflows.steps import Retry, Step, Wait, WaitForEvent
@@ -72,6 +75,8 @@ class ResumeReport:
     appended); each row then ends ``completed``, ``suspended`` or ``failed``.
     A row failed before its claim (a changed definition) counts only in
     ``failed``; ``skipped`` rows lost their claim to another writer.
+    ``errors`` counts rows whose resume raised; the pass that fails such a
+    run after ``MAX_RESUME_ERRORS`` of them counts it in ``failed``.
     """
 
     resumed: int = 0
@@ -399,7 +404,7 @@ def _drain_tenant(
                     if careful:
                         try:
                             outcome, claimed = resume_one(row, clock(), prefetched)
-                        except Exception:
+                        except Exception as exc:
                             if _connection_broken():
                                 # Every row after this one would fail the same way: end
                                 # the pass, so the worker backs off and reconnects.
@@ -410,8 +415,11 @@ def _drain_tenant(
                                 row.step,
                                 tenant,
                             )
-                            batch.errors += 1
                             passed_over.add(row.pk)
+                            if _resume_raised(row, exc):
+                                batch.failed += 1
+                            else:
+                                batch.errors += 1
                             continue
                     else:
                         try:
@@ -431,6 +439,40 @@ def _drain_tenant(
         careful = False
         if stopped or len(rows) < size:
             return
+
+
+def max_resume_errors() -> int:
+    """Passes in a row whose resume raises before the run is failed (at least 1)."""
+    return max(1, int(workflow_settings.MAX_RESUME_ERRORS))
+
+
+def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
+    """Count a pass whose resume of ``row`` raised; fail the run at the limit.
+
+    Returns whether the run was failed (``resume_failed_repeatedly``, after
+    ``MAX_RESUME_ERRORS`` passes in a row): nothing is retried for ever. The
+    count is on the pending row, which this transaction holds, and commits
+    with the batch; the row's savepoint has rolled the resume itself back.
+    """
+    WorkflowRunPending.objects.filter(pk=row.pk).update(resume_errors=F("resume_errors") + 1)
+    row.resume_errors += 1
+    if row.resume_errors < max_resume_errors():
+        return False
+    failure = raised(
+        RESUME_FAILED_REPEATEDLY,
+        row.step,
+        f"resuming the run raised on {row.resume_errors} passes in a row:",
+        exc,
+    )
+    try:
+        with transaction.atomic():
+            fail_run(RunStream.of_pending(row), failure, state=row.state, retry_from=row.step)
+    except Exception:
+        # Not even the failure can be written: the count stays, the next
+        # pass tries again.
+        logger.exception("run=%s could not be marked failed", row.run_id)
+        return False
+    return True
 
 
 # --- operations on one run -----------------------------------------------------

@@ -59,6 +59,7 @@ AWAITED_EVENT_UNAVAILABLE = "awaited_event_unavailable"
 INVALID_MATCH = "invalid_match"
 INVALID_PENDING_ROW = "invalid_pending_row"
 INTERNAL_ERROR = "internal_error"
+RESUME_FAILED_REPEATEDLY = "resume_failed_repeatedly"
 
 #: Look-back scans at most this many candidate events per wait.
 LOOK_BACK_LIMIT = 10_000
