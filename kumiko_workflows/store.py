@@ -200,18 +200,22 @@ def _column_fields() -> list[Field]:
 
 
 @functools.cache
-def _insert_sql(vendor: str, next_version: bool, check_previous: bool) -> str:
+def _insert_sql(vendor: str, shape: str) -> str:
     """One INSERT that picks (or checks) the version and never raises on a refusal.
 
     ``ON CONFLICT DO NOTHING`` makes a taken version "no row returned" instead
     of an error, so no savepoint is needed to keep the caller's transaction
-    usable. The stream's identity rides in the same statement's ``WHERE``:
+    usable. The stream's identity rides in the same statement's ``WHERE``,
+    by ``shape``:
 
-    - after an expected version: that event exists in this tenant with this
-      aggregate type (so no gap, and by induction the type of the first);
-    - a new stream (expected version 0): no stream of any tenant has this id;
-    - the next version: this tenant's stream has this aggregate type, or no
-      stream of any tenant has this id yet.
+    - ``after`` (an expected version): that event exists in this tenant with
+      this aggregate type (so no gap, and by induction the first's type);
+    - ``new`` (expected version 0): no stream of any tenant has this id;
+    - ``next`` (the next version): this tenant's stream has this aggregate
+      type, or no stream of any tenant has this id yet;
+    - ``new_engine``: an engine stream's id is derived from its tenant, so a
+      stream of another tenant with that id is someone else's (it could only
+      be there to block this one) and is not checked; the version decides.
 
     The "any tenant" probes use ``kw_event_stream_head`` (version 1 only).
     Built once per shape (and database vendor).
@@ -223,14 +227,14 @@ def _insert_sql(vendor: str, next_version: bool, check_previous: bool) -> str:
     # This tenant's stream has an event at a version, with this aggregate type.
     has = f"EXISTS (SELECT 1 FROM {table} WHERE {stream} AND version = %s AND aggregate_type = %s)"  # noqa: S608
     unused = f"NOT EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s AND version = 1)"  # noqa: S608
-    if next_version:
+    version = "%s"
+    condition = "1 = 1"
+    if shape == "next":
         version = f"COALESCE((SELECT MAX(version) FROM {table} WHERE {stream}), 0) + 1"  # noqa: S608
         condition = has + " OR " + unused
-    elif check_previous:
-        version = "%s"
+    elif shape == "after":
         condition = has
-    else:
-        version = "%s"
+    elif shape == "new":
         condition = unused
     return (
         f"INSERT INTO {table} ({columns}) SELECT {placeholders}, {version} "  # noqa: S608
@@ -253,12 +257,14 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
     values = [field.get_db_prep_save(field.pre_save(event, True), db) for field in _column_fields()]
     tenant, aggregate, aggregate_type = values[0], values[1], values[2]
     if expected_version is None:
-        sql = _insert_sql(db.vendor, True, False)
+        sql = _insert_sql(db.vendor, "next")
         params = [*values, tenant, aggregate, tenant, aggregate, 1, aggregate_type, aggregate]
+    elif expected_version == 0 and event.aggregate_type in ENGINE_STREAMS:
+        sql, params = _insert_sql(db.vendor, "new_engine"), [*values, 1]
     elif expected_version == 0:
-        sql, params = _insert_sql(db.vendor, False, False), [*values, 1, aggregate]
+        sql, params = _insert_sql(db.vendor, "new"), [*values, 1, aggregate]
     else:
-        sql = _insert_sql(db.vendor, False, True)
+        sql = _insert_sql(db.vendor, "after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
         params = [*values, expected_version + 1, *previous]
     if expected_version is not None:

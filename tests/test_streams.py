@@ -175,6 +175,31 @@ def test_the_admin_timeline_of_a_run_never_shows_a_foreign_append(client, django
     assert timeline == [et.RUN_STARTED, et.WAITING]
 
 
+def test_another_tenant_cannot_take_a_run_id_or_a_schedule_id_first(settings, now):
+    """Engine stream ids are derived from the tenant: a stream another tenant
+    started with such an id first is its own, and does not block the run."""
+    key = uuid.uuid4().hex
+    run_id = run_id_for("t-wait", key, "acme")
+    foreign_append(run_id)
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "CRON_TENANTS": lambda: ["acme"]}
+    workflow = cw.hourly_all
+    foreign_append(schedule_id(workflow.name, "acme"))
+
+    trigger(
+        "t.wait", tenant_id="acme", run_key=key, **{"for": (now + timedelta(hours=1)).isoformat()}
+    )
+    start = datetime.fromisoformat("2030-01-01T05:02:00+00:00")
+    with registry.override(workflow):
+        fire_due_schedules(now=start)
+        assert fire_due_schedules(now=start + timedelta(hours=1)) == 1
+
+    assert WorkflowRun.objects.get(run_id=run_id).status == "waiting"
+    assert [e.type for e in load_stream(run_id, tenant_id="acme")] == [et.RUN_STARTED, et.WAITING]
+    assert [e.type for e in load_stream(run_id, tenant_id="globex")] == ["order.note"]
+    schedule = load_stream(schedule_id(workflow.name, "acme"), tenant_id="acme")
+    assert [e.type for e in schedule] == [et.SCHEDULE_STARTED, et.SCHEDULE_SLOT_FIRED]
+
+
 # --- engine streams take only the engine's event types -------------------------------
 
 
