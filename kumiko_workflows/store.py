@@ -205,42 +205,44 @@ def _insert_sql(vendor: str, shape: str) -> str:
 
     ``ON CONFLICT DO NOTHING`` makes a taken version "no row returned" instead
     of an error, so no savepoint is needed to keep the caller's transaction
-    usable. The stream's identity rides in the same statement's ``WHERE``,
-    by ``shape``:
+    usable. The stream's identity rides in the same statement, by ``shape``:
 
     - ``after`` (an expected version): that event exists in this tenant with
-      this aggregate type (so no gap, and by induction the first's type);
-    - ``new`` (expected version 0): no stream of any tenant has this id;
-    - ``next`` (the next version): this tenant's stream has this aggregate
-      type, or no stream of any tenant has this id yet;
-    - ``new_engine``: an engine stream's id is derived from its tenant, so a
-      stream of another tenant with that id is someone else's (it could only
-      be there to block this one) and is not checked; the version decides.
+      this aggregate type (no gap; and each append checking the one before
+      keeps the first event's type);
+    - ``next`` (the next version) and ``new`` (expected version 0): no first
+      event with this id has another tenant or another aggregate type;
+    - ``new_engine`` (an engine stream's first event): none. Run and schedule
+      ids are derived from their tenant, so another tenant's stream with such
+      an id is its own (there only to block this one); the version decides.
 
-    The "any tenant" probes use ``kw_event_stream_head`` (version 1 only).
+    Each check is one more subquery for the planner, not a round trip; the
+    one across tenants uses ``kw_event_stream_head``. ``after``, the shape of
+    the engine's own appends, checks no more than the gap check did before.
     Built once per shape (and database vendor).
     """
     table = connection.ops.quote_name(Event._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(c) for c in (*_COLUMNS, "version"))
     placeholders = ", ".join(["%s"] * len(_COLUMNS))
     stream = "tenant_id = %s AND aggregate_id = %s"
-    # This tenant's stream has an event at a version, with this aggregate type.
-    has = f"EXISTS (SELECT 1 FROM {table} WHERE {stream} AND version = %s AND aggregate_type = %s)"  # noqa: S608
-    unused = f"NOT EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s AND version = 1)"  # noqa: S608
     version = "%s"
-    condition = "1 = 1"
     if shape == "next":
         version = f"COALESCE((SELECT MAX(version) FROM {table} WHERE {stream}), 0) + 1"  # noqa: S608
-        condition = has + " OR " + unused
-    elif shape == "after":
-        condition = has
-    elif shape == "new":
-        condition = unused
-    return (
-        f"INSERT INTO {table} ({columns}) SELECT {placeholders}, {version} "  # noqa: S608
-        f"WHERE {condition} "
-        "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
-    )
+    if shape == "after":
+        condition = (
+            f"EXISTS (SELECT 1 FROM {table} WHERE {stream} "  # noqa: S608
+            "AND version = %s AND aggregate_type = %s)"
+        )
+    else:
+        condition = (
+            f"NOT EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s "  # noqa: S608
+            "AND version = 1 AND (tenant_id <> %s OR aggregate_type <> %s))"
+        )
+    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608
+    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
+    if shape == "new_engine":
+        return f"{insert} VALUES ({placeholders}, {version}) {conflict}"
+    return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
 
 
 def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> None:
@@ -256,13 +258,13 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
     db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection, not one per use
     values = [field.get_db_prep_save(field.pre_save(event, True), db) for field in _column_fields()]
     tenant, aggregate, aggregate_type = values[0], values[1], values[2]
+    foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
-        sql = _insert_sql(db.vendor, "next")
-        params = [*values, tenant, aggregate, tenant, aggregate, 1, aggregate_type, aggregate]
+        sql, params = _insert_sql(db.vendor, "next"), [*values, tenant, aggregate, *foreign]
     elif expected_version == 0 and event.aggregate_type in ENGINE_STREAMS:
         sql, params = _insert_sql(db.vendor, "new_engine"), [*values, 1]
     elif expected_version == 0:
-        sql, params = _insert_sql(db.vendor, "new"), [*values, 1, aggregate]
+        sql, params = _insert_sql(db.vendor, "new"), [*values, 1, *foreign]
     else:
         sql = _insert_sql(db.vendor, "after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
@@ -291,29 +293,35 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
                     using=db.alias,
                 )
                 return
-        refusal = _refusal(event)
+        refusal = _refusal(event, expected_version)
         if refusal is not None:
             raise refusal  # another writer cannot make this go away: no retry
     raise _version_conflict(event, expected_version)
 
 
-def _refusal(event: Event) -> StreamIdentityError | None:
+def _refusal(event: Event, expected_version: int | None) -> StreamIdentityError | None:
     """Why the stream refuses ``event``'s tenant or aggregate type, if it does.
 
-    The message never names another tenant: the caller may be that tenant's
-    adversary. Within a tenant, naming the stream's type helps fix the call.
+    Mirrors :func:`_insert_sql`'s checks. The message never names another
+    tenant: the caller may be that tenant's adversary. Within a tenant,
+    naming the stream's type helps fix the call.
     """
     firsts = Event.objects.filter(aggregate_id=event.aggregate_id, version=1)
     types = dict(firsts.values_list("tenant_id", "aggregate_type"))
-    if event.tenant_id not in types:
-        if types:
-            return StreamIdentityError(f"stream {event.aggregate_id} belongs to another tenant")
-        return None
-    if types[event.tenant_id] != event.aggregate_type:
+    own = types.pop(event.tenant_id, None)
+    if own is not None and own != event.aggregate_type:
         return StreamIdentityError(
-            f"stream {event.aggregate_id} is a stream of aggregate type "
-            f"{types[event.tenant_id]!r}, not {event.aggregate_type!r}"
+            f"stream {event.aggregate_id} is a stream of aggregate type {own!r}, "
+            f"not {event.aggregate_type!r}"
         )
+    # Another tenant's stream with this id refuses the append, unless this
+    # tenant's stream exists and the append names its version, or the engine
+    # starts one of its own streams.
+    checked = own is None or (
+        expected_version in (None, 0) and event.aggregate_type not in ENGINE_STREAMS
+    )
+    if types and checked:
+        return StreamIdentityError(f"stream {event.aggregate_id} belongs to another tenant")
     return None
 
 
