@@ -21,6 +21,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.resume import max_resume_errors
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
 _TIMELINE_HIDDEN = frozenset(
@@ -230,8 +231,6 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     else:
         facts.append(("Rerun", f"requested at {_when(row.due_since)}"))
     if row.resume_errors:
-        from kumiko_workflows.resume import max_resume_errors
-
         facts.append(
             (
                 "Failed resumes",

@@ -454,23 +454,27 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
     count is on the pending row, which this transaction holds, and commits
     with the batch; the row's savepoint has rolled the resume itself back.
     """
-    WorkflowRunPending.objects.filter(pk=row.pk).update(resume_errors=F("resume_errors") + 1)
-    row.resume_errors += 1
-    if row.resume_errors < max_resume_errors():
-        return False
-    failure = raised(
-        RESUME_FAILED_REPEATEDLY,
-        row.step,
-        f"resuming the run raised on {row.resume_errors} passes in a row:",
-        exc,
-    )
     try:
+        with transaction.atomic():
+            WorkflowRunPending.objects.filter(pk=row.pk).update(
+                resume_errors=F("resume_errors") + 1
+            )
+        row.resume_errors += 1
+        if row.resume_errors < max_resume_errors():
+            return False
+        failure = raised(
+            RESUME_FAILED_REPEATEDLY,
+            row.step,
+            f"resuming the run raised on {row.resume_errors} passes in a row:",
+            exc,
+        )
         with transaction.atomic():
             fail_run(RunStream.of_pending(row), failure, state=row.state, retry_from=row.step)
     except Exception:
-        # Not even the failure can be written: the count stays, the next
-        # pass tries again.
-        logger.exception("run=%s could not be marked failed", row.run_id)
+        if _connection_broken():
+            raise
+        # Not even this could be written: the next pass tries again.
+        logger.exception("run=%s: its failed resume could not be counted or failed", row.run_id)
         return False
     return True
 
