@@ -26,6 +26,7 @@ _EXPORTS = {
     "append_event": "kumiko_workflows.store",
     "load_stream": "kumiko_workflows.store",
     "VersionConflict": "kumiko_workflows.exceptions",
+    "StreamIdentityError": "kumiko_workflows.exceptions",
     "resume_due_runs": "kumiko_workflows.resume",
     "cancel_run": "kumiko_workflows.resume",
     "wake_run": "kumiko_workflows.resume",
@@ -34,6 +35,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "StreamIdentityError",
     "VersionConflict",
     "__version__",
     "append_event",
@@ -55,7 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiko_workflows import event_types, steps
     from kumiko_workflows.cron import fire_due_schedules
     from kumiko_workflows.definition import define_workflow, on_cron, on_event, run_id_for
-    from kumiko_workflows.exceptions import VersionConflict
+    from kumiko_workflows.exceptions import StreamIdentityError, VersionConflict
     from kumiko_workflows.resume import cancel_run, resume_due_runs, retry_run, wake_run
     from kumiko_workflows.store import append_event, load_stream
 

@@ -433,6 +433,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
         "lateness",
         "timeout_at",
         "retry_attempt",
+        "resume_errors",
         "awaiting",
         "awaited_event_id",
         "due_since",

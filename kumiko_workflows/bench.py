@@ -308,7 +308,8 @@ class Bench:
             tenant_id=self.tenant,
         )
         template_id = run_id_for(DRAIN_WORKFLOW, template_key, self.tenant)
-        started, waiting = list(Event.objects.filter(aggregate_id=template_id).order_by("version"))
+        stream = Event.objects.filter(tenant_id=self.tenant, aggregate_id=template_id)
+        started, waiting = list(stream.order_by("version"))
         assert waiting.type == et.WAITING, "the drain workflow must suspend at its wait"
         run = WorkflowRun.objects.get(run_id=template_id)
         pending = WorkflowRunPending.objects.get(run_id=template_id)
@@ -890,7 +891,8 @@ def _floor(tenant: str, prefix: str) -> int:
         "WHERE tenant_id = %s AND wake_at <= %s ORDER BY wake_at, id LIMIT 1"
     )
     load = (
-        f"SELECT id, version, type, payload FROM {events} WHERE aggregate_id = %s ORDER BY version"  # noqa: S608
+        f"SELECT id, version, type, payload FROM {events} "  # noqa: S608
+        "WHERE tenant_id = %s AND aggregate_id = %s ORDER BY version"
     )
     insert = (
         f"INSERT INTO {events} (tenant_id, aggregate_id, aggregate_type, version, type, "  # noqa: S608
@@ -919,7 +921,7 @@ def _floor(tenant: str, prefix: str) -> int:
             raw.commit() if postgres else cursor.execute("COMMIT")
             return processed
         pk, run_id, version = row
-        cursor.execute(load, (run_id,))
+        cursor.execute(load, (tenant, run_id))
         stream = cursor.fetchall()
         waiting = json.loads(stream[-1][3]) if isinstance(stream[-1][3], str) else stream[-1][3]
         resumed = {"step": waiting["step"], "retry_attempt": 0, "suspension_type": "wait"}

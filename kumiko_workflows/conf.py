@@ -21,6 +21,9 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_INTERVAL": 5.0,
     # Due rows claimed per transaction by resume_due_runs (each in a savepoint).
     "BATCH_SIZE": 50,
+    # Passes in a row whose resume of a run raises before the run is failed
+    # (reason resume_failed_repeatedly), so no run trips every pass for ever.
+    "MAX_RESUME_ERRORS": 3,
     # PostgreSQL channel NOTIFYed when a pending row becomes due now.
     "NOTIFY_CHANNEL": "kumiko_workflows_due",
     # Dotted path (or callable) returning the tenants cron workflows fire for;

@@ -205,7 +205,9 @@ class Schedule:
     @classmethod
     def load(cls, workflow: Workflow, tenant_id: str) -> Schedule:
         schedule = cls(workflow, tenant_id)
-        events = Event.objects.filter(aggregate_id=schedule.stream_id).order_by("-version")
+        events = Event.objects.filter(
+            tenant_id=tenant_id, aggregate_id=schedule.stream_id
+        ).order_by("-version")
         latest = events.first()
         if latest is None:
             return schedule

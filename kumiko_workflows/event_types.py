@@ -25,6 +25,7 @@ SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
 SCHEDULE_SLOT_FIRED = "workflow.schedule.slot-fired"
 
+SCHEDULE_EVENTS = (SCHEDULE_STARTED, SCHEDULE_SLOT_FIRED)
 SUSPENSIONS = (WAITING, WAITING_FOR_EVENT, RETRY_SCHEDULED, RERUN_REQUESTED)
 TERMINAL = (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
 RUN_EVENTS = (

@@ -20,6 +20,14 @@ class InvalidEvent(WorkflowError, ValueError):
     """The event cannot be appended: its arguments are invalid."""
 
 
+class StreamIdentityError(InvalidEvent):
+    """The stream belongs to another tenant or has another aggregate type.
+
+    A stream's first event fixes its tenant and aggregate type; nothing else
+    may append to it.
+    """
+
+
 class VersionConflict(WorkflowError):
     """The stream moved: another writer appended at the expected version first."""
 

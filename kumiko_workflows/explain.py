@@ -21,6 +21,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.resume import max_resume_errors
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
 _TIMELINE_HIDDEN = frozenset(
@@ -98,7 +99,8 @@ class TimelineEntry:
 def timeline(run: WorkflowRun) -> list[TimelineEntry]:
     """The run's events, oldest first, each with its step and a short payload."""
     entries = []
-    for event in Event.objects.filter(aggregate_id=run.run_id).order_by("version"):
+    stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
+    for event in stream.order_by("version"):
         payload = event.payload or {}
         step = payload.get("step") or ""
         entries.append(
@@ -135,7 +137,8 @@ def pending_row(run: WorkflowRun) -> WorkflowRunPending | None:
 
 
 def _latest(run: WorkflowRun, type: str) -> Event | None:
-    return Event.objects.filter(aggregate_id=run.run_id, type=type).order_by("-version").first()
+    stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
+    return stream.filter(type=type).order_by("-version").first()
 
 
 def _when(value: datetime | None) -> str:
@@ -227,6 +230,14 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
         )
     else:
         facts.append(("Rerun", f"requested at {_when(row.due_since)}"))
+    if row.resume_errors:
+        facts.append(
+            (
+                "Failed resumes",
+                f"{row.resume_errors} pass(es) in a row raised resuming it (the worker's log "
+                f"has why); the run fails after {max_resume_errors()}",
+            )
+        )
 
     due = row.wake_at is not None and row.wake_at <= now
     late_by = now - row.wake_at if due and row.wake_at else None

@@ -32,10 +32,13 @@ class EventQuerySet(models.QuerySet):
 class Event(models.Model):
     """One immutable domain or workflow event.
 
-    ``id`` is the global order. ``(aggregate_id, version)`` is unique: two
-    writers appending the same version of a stream cannot both succeed.
-    Rows are written by :func:`kumiko_workflows.append_event`; ``save()`` of an
-    existing row, ``delete()`` and ``QuerySet.update()/delete()`` refuse.
+    ``id`` is the global order. A stream is ``(tenant_id, aggregate_id)`` and
+    ``(tenant_id, aggregate_id, version)`` is unique: two writers appending
+    the same version of a stream cannot both succeed. The stream's first
+    event fixes its aggregate type, and no stream starts with an id another
+    tenant's stream has (``append_event`` checks both). Rows are written by
+    :func:`kumiko_workflows.append_event`; ``save()`` of an existing row,
+    ``delete()`` and ``QuerySet.update()/delete()`` refuse.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -54,13 +57,23 @@ class Event(models.Model):
 
     class Meta:
         constraints = [
+            # Leads with tenant_id, as every key does, so the table shards by
+            # tenant (Citus) unchanged.
             models.UniqueConstraint(
-                fields=["aggregate_id", "version"], name="kw_event_stream_version"
+                fields=["tenant_id", "aggregate_id", "version"],
+                name="kw_event_tenant_stream_version",
             ),
             models.CheckConstraint(condition=Q(version__gte=1), name="kw_event_version_gte_1"),
         ]
         indexes = [
             models.Index(fields=["tenant_id", "type", "id"], name="kw_event_tenant_type_id"),
+            # A stream's first event, in any tenant: whether an id is taken
+            # when a stream starts. The one lookup that cannot lead with
+            # tenant_id (it is there to find another tenant's stream); one
+            # small entry per stream.
+            models.Index(
+                fields=["aggregate_id"], condition=Q(version=1), name="kw_event_stream_head"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -200,6 +213,12 @@ class WorkflowRunPending(models.Model):
     run is resumed, completes, fails or is cancelled. ``run_version`` is the
     stream version the resume claim must follow; ``state`` is the snapshot of
     step results (with awaited events by reference) the run resumes with.
+
+    ``resume_errors`` is the one column not projected from the events: how
+    many passes in a row a resume of this suspension raised. It is the
+    worker's bookkeeping (an event per failed pass would move the stream and
+    hold raw errors); it lives and dies with the suspension it counts, and a
+    rebuild starts it at 0 again.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -227,6 +246,13 @@ class WorkflowRunPending(models.Model):
     suspended_at = models.DateTimeField()
     due_since = models.DateTimeField(
         null=True, blank=True, help_text="When an event or a wake request made the row due."
+    )
+    # db_default: rows inserted outside the ORM (bulk loads, the load test) get 0 too.
+    resume_errors = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Passes in a row whose resume of this row raised; "
+        "KUMIKO_WORKFLOWS['MAX_RESUME_ERRORS'] of them fail the run.",
     )
 
     objects = WorkflowRunPendingQuerySet.as_manager()

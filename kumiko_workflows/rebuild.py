@@ -8,6 +8,9 @@ result with what was there, and rolls back.
 
 ``WorkflowRun.last_error`` is not derived from events (raw error text never
 enters the immutable log): a rebuild carries it over and a check ignores it.
+``WorkflowRunPending.resume_errors`` (the worker's count of failed resumes)
+is not either: a check ignores it and a rebuild starts it at 0, which gives
+a stuck run at most ``MAX_RESUME_ERRORS`` more passes.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ from kumiko_workflows.projections import registry as projection_registry
 BATCH = 1000
 
 RUN_FIELDS = [f.attname for f in WorkflowRun._meta.concrete_fields if f.attname != "last_error"]
-PENDING_FIELDS = [f.attname for f in WorkflowRunPending._meta.concrete_fields if f.attname != "id"]
+PENDING_FIELDS = [
+    f.attname
+    for f in WorkflowRunPending._meta.concrete_fields
+    if f.attname not in ("id", "resume_errors")
+]
 KEY_FIELDS = ["tenant_id", "run_id", "event_type", "path", "value"]
 
 Rows = dict[Any, dict[str, Any]]

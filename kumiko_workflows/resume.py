@@ -5,8 +5,8 @@ PostgreSQL, so racing workers never pick the same row) a batch per
 transaction: optimistically first, and row by row in savepoints when a row
 fails. The claim is appending
 ``workflow.step.resumed`` at the version after the suspension: the stream's
-unique (aggregate_id, version) decides every race, so each suspension is
-resumed at most once.
+unique (tenant_id, aggregate_id, version) decides every race, so each
+suspension is resumed at most once.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from kumiko_workflows import event_types as et
@@ -46,10 +47,12 @@ from kumiko_workflows.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
     INVALID_PENDING_ROW,
+    RESUME_FAILED_REPEATEDLY,
     TRIGGER_EVENT_UNAVAILABLE,
     Failure,
     RunStream,
     fail_run,
+    raised,
 )
 from kumiko_workflows.wakeups import decide_waiting_checks, look_back, look_back_floor
 
@@ -70,6 +73,8 @@ class ResumeReport:
     appended); each row then ends ``completed``, ``suspended`` or ``failed``.
     A row failed before its claim (a changed definition) counts only in
     ``failed``; ``skipped`` rows lost their claim to another writer.
+    ``errors`` counts rows whose resume raised; the pass that fails such a
+    run after ``MAX_RESUME_ERRORS`` of them counts it in ``failed``.
     """
 
     resumed: int = 0
@@ -97,7 +102,9 @@ class ResumeReport:
 def _definition_changed(row: WorkflowRunPending, workflow: Workflow | None) -> str:
     if workflow is None:
         return f"workflow {row.workflow_name!r} is not registered (was it removed or renamed?)"
-    started = Event.objects.filter(aggregate_id=row.run_id, version=1).first()
+    started = Event.objects.filter(
+        tenant_id=row.tenant_id, aggregate_id=row.run_id, version=1
+    ).first()
     old_prints = started.payload.get("step_fingerprints") if started else None
     return (
         f"workflow {row.workflow_name!r} changed since this run started: "
@@ -399,7 +406,7 @@ def _drain_tenant(
                     if careful:
                         try:
                             outcome, claimed = resume_one(row, clock(), prefetched)
-                        except Exception:
+                        except Exception as exc:
                             if _connection_broken():
                                 # Every row after this one would fail the same way: end
                                 # the pass, so the worker backs off and reconnects.
@@ -410,8 +417,11 @@ def _drain_tenant(
                                 row.step,
                                 tenant,
                             )
-                            batch.errors += 1
                             passed_over.add(row.pk)
+                            if _resume_raised(row, exc):
+                                batch.failed += 1
+                            else:
+                                batch.errors += 1
                             continue
                     else:
                         try:
@@ -431,6 +441,44 @@ def _drain_tenant(
         careful = False
         if stopped or len(rows) < size:
             return
+
+
+def max_resume_errors() -> int:
+    """Passes in a row whose resume raises before the run is failed (at least 1)."""
+    return max(1, int(workflow_settings.MAX_RESUME_ERRORS))
+
+
+def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
+    """Count a pass whose resume of ``row`` raised; fail the run at the limit.
+
+    Returns whether the run was failed (``resume_failed_repeatedly``, after
+    ``MAX_RESUME_ERRORS`` passes in a row): nothing is retried for ever. The
+    count is on the pending row, which this transaction holds, and commits
+    with the batch; the row's savepoint has rolled the resume itself back.
+    """
+    try:
+        with transaction.atomic():
+            WorkflowRunPending.objects.filter(pk=row.pk).update(
+                resume_errors=F("resume_errors") + 1
+            )
+        row.resume_errors += 1
+        if row.resume_errors < max_resume_errors():
+            return False
+        failure = raised(
+            RESUME_FAILED_REPEATEDLY,
+            row.step,
+            f"resuming the run raised on {row.resume_errors} passes in a row:",
+            exc,
+        )
+        with transaction.atomic():
+            fail_run(RunStream.of_pending(row), failure, state=row.state, retry_from=row.step)
+    except Exception:
+        if _connection_broken():
+            raise
+        # Not even this could be written: the next pass tries again.
+        logger.exception("run=%s: its failed resume could not be counted or failed", row.run_id)
+        return False
+    return True
 
 
 # --- operations on one run -----------------------------------------------------
@@ -550,7 +598,7 @@ def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
             "started (or is no longer registered)"
         )
     failed = (
-        Event.objects.filter(aggregate_id=run.run_id, type=et.RUN_FAILED)
+        Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id, type=et.RUN_FAILED)
         .order_by("-version")
         .first()
     )

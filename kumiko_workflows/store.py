@@ -3,8 +3,14 @@
 ``append_event`` validates its input, inserts one row at the next (or the
 expected) stream version in one statement, and lets the projections see it
 synchronously through ``post_save`` in the same atomic block; if the version
-is taken it raises :class:`VersionConflict` and the caller's transaction
-stays usable.
+is taken it raises :class:`VersionConflict`, if the stream belongs to another
+tenant or aggregate type :class:`StreamIdentityError`, and either way the
+caller's transaction stays usable.
+
+A stream is ``(tenant_id, aggregate_id)``: its first event fixes its tenant
+and aggregate type, versions are unique per tenant (the key leads with
+``tenant_id``, so the table shards by tenant), and every read of a stream
+names its tenant.
 """
 
 from __future__ import annotations
@@ -20,21 +26,27 @@ from typing import Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
-from django.db.models import Field, Max
+from django.db.models import Field, Max, Subquery
 from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.exceptions import InvalidEvent, VersionConflict
+from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
 from kumiko_workflows.jsonvalues import NotJSON, json_size, text_problem, to_json
 from kumiko_workflows.models import Event
 from kumiko_workflows.projections import registry
 
 _NEXT_VERSION_ATTEMPTS = 3
 
-#: Streams only the engine writes: an event appended there by anyone else
-#: would move the stream's version under a suspended run and strand it.
-RESERVED_AGGREGATE_TYPES = frozenset({et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE})
+#: The engine's streams, with the only event types each takes (and their
+#: name in errors): any other event there would move the stream's version
+#: under a suspended run, or a schedule's, and strand it.
+ENGINE_STREAMS = {
+    et.RUN_AGGREGATE_TYPE: (frozenset(et.RUN_EVENTS), "workflow run events"),
+    et.SCHEDULE_AGGREGATE_TYPE: (frozenset(et.SCHEDULE_EVENTS), "cron schedule events"),
+}
+#: Streams only the engine writes.
+RESERVED_AGGREGATE_TYPES = frozenset(ENGINE_STREAMS)
 _engine_writing: ContextVar[bool] = ContextVar("kumiko_workflows_engine_writing", default=False)
 
 
@@ -152,9 +164,12 @@ def append_event(
     The event gets ``expected_version + 1``, or the stream's next version when
     ``expected_version`` is None. Raises :class:`VersionConflict` if that
     version is already taken and :class:`InvalidEvent` for bad input; in both
-    cases nothing is written. Projections run synchronously in the same
-    transaction; if one raises, the append is rolled back and the error
-    propagates. ``bulk_create`` and raw SQL bypass the projections.
+    cases nothing is written. The stream's first event fixes its tenant and
+    aggregate type: an append with another of either raises
+    :class:`StreamIdentityError` (an :class:`InvalidEvent`). Projections run
+    synchronously in the same transaction; if one raises, the append is
+    rolled back and the error propagates. ``bulk_create`` and raw SQL bypass
+    the projections and these checks.
 
     ``savepoint=False`` is for callers that run inside an atomic block they
     unwind on any error (the engine's own run streams): it saves the
@@ -162,12 +177,17 @@ def append_event(
     """
     aggregate = _as_uuid(aggregate_id)
     aggregate_type = _name(aggregate_type, "aggregate_type")
-    if aggregate_type in RESERVED_AGGREGATE_TYPES and not _engine_writing.get():
+    engine = ENGINE_STREAMS.get(aggregate_type)
+    if engine is not None and not _engine_writing.get():
         raise InvalidEvent(
             f"aggregate type {aggregate_type!r} is reserved: only the engine writes those "
             "streams (use cancel_run, wake_run or retry_run to act on a run)"
         )
     type = _name(type, "type")
+    if engine is not None and type not in engine[0]:
+        raise InvalidEvent(
+            f"a stream of aggregate type {aggregate_type!r} takes only {engine[1]}, not {type!r}"
+        )
     tenant = _name(
         workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id"
     )
@@ -194,7 +214,14 @@ def append_event(
     )
     if created_at is not None:
         event.created_at = created_at
-    _insert(event, expected_version, savepoint=savepoint)
+    # The engine's right to write its streams covers this append only, not the
+    # appends of the projections it sets off: a workflow triggered by a run
+    # event runs its (user) steps there.
+    token = _engine_writing.set(False)
+    try:
+        _insert(event, expected_version, savepoint=savepoint)
+    finally:
+        _engine_writing.reset(token)
     return event
 
 
@@ -217,29 +244,49 @@ def _column_fields() -> list[Field]:
 
 
 @functools.cache
-def _insert_sql(vendor: str, next_version: bool, check_previous: bool) -> str:
-    """One INSERT that picks (or checks) the version and never raises on a taken one.
+def _insert_sql(vendor: str, shape: str) -> str:
+    """One INSERT that picks (or checks) the version and never raises on a refusal.
 
     ``ON CONFLICT DO NOTHING`` makes a taken version "no row returned" instead
     of an error, so no savepoint is needed to keep the caller's transaction
-    usable; the check that the expected version exists (no gaps) rides in the
-    same statement. Built once per shape (and database vendor).
+    usable. The stream's identity rides in the same statement, by ``shape``:
+
+    - ``after`` (an expected version): that event exists in this tenant with
+      this aggregate type (no gap; and each append checking the one before
+      keeps the first event's type);
+    - ``next`` (the next version) and ``new`` (expected version 0): no first
+      event with this id has another tenant or another aggregate type;
+    - ``new_engine`` (an engine stream's first event): none. Run and schedule
+      ids are derived from their tenant, so another tenant's stream with such
+      an id is its own (there only to block this one); the version decides.
+
+    Each check is one more subquery for the planner, not a round trip; the
+    one across tenants uses ``kw_event_stream_head``. ``after``, the shape of
+    the engine's own appends, checks no more than the gap check did before.
+    Built once per shape (and database vendor).
     """
     table = connection.ops.quote_name(Event._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(c) for c in (*_COLUMNS, "version"))
-    if next_version:
-        version = f"COALESCE((SELECT MAX(version) FROM {table} WHERE aggregate_id = %s), 0) + 1"  # noqa: S608
-    else:
-        version = "%s"
     placeholders = ", ".join(["%s"] * len(_COLUMNS))
-    conflict = "ON CONFLICT (aggregate_id, version) DO NOTHING RETURNING id, version"
-    if check_previous:
-        return (
-            f"INSERT INTO {table} ({columns}) SELECT {placeholders}, {version} "  # noqa: S608
-            f"WHERE EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s AND version = %s) "
-            f"{conflict}"
+    stream = "tenant_id = %s AND aggregate_id = %s"
+    version = "%s"
+    if shape == "next":
+        version = f"COALESCE((SELECT MAX(version) FROM {table} WHERE {stream}), 0) + 1"  # noqa: S608
+    if shape == "after":
+        condition = (
+            f"EXISTS (SELECT 1 FROM {table} WHERE {stream} "  # noqa: S608
+            "AND version = %s AND aggregate_type = %s)"
         )
-    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}, {version}) {conflict}"  # noqa: S608
+    else:
+        condition = (
+            f"NOT EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s "  # noqa: S608
+            "AND version = 1 AND (tenant_id <> %s OR aggregate_type <> %s))"
+        )
+    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608
+    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
+    if shape == "new_engine":
+        return f"{insert} VALUES ({placeholders}, {version}) {conflict}"
+    return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
 
 
 def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> None:
@@ -249,18 +296,23 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
     that raises takes the row with it. With ``savepoint=False`` that block
     is the caller's (which must then be unwound when the error propagates,
     as every engine caller does); with no projection for the type there is
-    nothing to undo and the insert is one statement.
+    nothing to undo and the insert is one statement. Only when no row comes
+    back does a second query find out why (:func:`_refusal`).
     """
     db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection, not one per use
     values = [field.get_db_prep_save(field.pre_save(event, True), db) for field in _column_fields()]
-    aggregate = values[1]
+    tenant, aggregate, aggregate_type = values[0], values[1], values[2]
+    foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
-        sql, params = _insert_sql(db.vendor, True, False), [*values, aggregate]
+        sql, params = _insert_sql(db.vendor, "next"), [*values, tenant, aggregate, *foreign]
+    elif expected_version == 0 and event.aggregate_type in ENGINE_STREAMS:
+        sql, params = _insert_sql(db.vendor, "new_engine"), [*values, 1]
     elif expected_version == 0:
-        sql, params = _insert_sql(db.vendor, False, False), [*values, 1]
+        sql, params = _insert_sql(db.vendor, "new"), [*values, 1, *foreign]
     else:
-        sql = _insert_sql(db.vendor, False, True)
-        params = [*values, expected_version + 1, aggregate, expected_version]
+        sql = _insert_sql(db.vendor, "after")
+        previous = [tenant, aggregate, expected_version, aggregate_type]
+        params = [*values, expected_version + 1, *previous]
     if expected_version is not None:
         event.version = expected_version + 1
     projected = registry.handles(event.type)
@@ -272,42 +324,88 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
             with db.cursor() as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
-            if row is None:
-                continue
-            event.pk, event.version = row
-            event._state.adding = False
-            event._state.db = db.alias
-            post_save.send(
-                sender=Event,
-                instance=event,
-                created=True,
-                update_fields=None,
-                raw=False,
-                using=db.alias,
-            )
-            return
-    current = Event.objects.filter(aggregate_id=event.aggregate_id).aggregate(v=Max("version"))["v"]
+            if row is not None:
+                event.pk, event.version = row
+                event._state.adding = False
+                event._state.db = db.alias
+                post_save.send(
+                    sender=Event,
+                    instance=event,
+                    created=True,
+                    update_fields=None,
+                    raw=False,
+                    using=db.alias,
+                )
+                return
+        refusal = _refusal(event, expected_version)
+        if refusal is not None:
+            raise refusal  # another writer cannot make this go away: no retry
+    raise _version_conflict(event, expected_version)
+
+
+def _refusal(event: Event, expected_version: int | None) -> StreamIdentityError | None:
+    """Why the stream refuses ``event``'s tenant or aggregate type, if it does.
+
+    Mirrors :func:`_insert_sql`'s checks. The message never names another
+    tenant: the caller may be that tenant's adversary. Within a tenant,
+    naming the stream's type helps fix the call.
+    """
+    firsts = Event.objects.filter(aggregate_id=event.aggregate_id, version=1)
+    types = dict(firsts.values_list("tenant_id", "aggregate_type"))
+    own = types.pop(event.tenant_id, None)
+    if own is not None and own != event.aggregate_type:
+        return StreamIdentityError(
+            f"stream {event.aggregate_id} is a stream of aggregate type {own!r}, "
+            f"not {event.aggregate_type!r}"
+        )
+    # Another tenant's stream with this id refuses the append, unless this
+    # tenant's stream exists and the append names its version, or the engine
+    # starts one of its own streams.
+    checked = own is None or (
+        expected_version in (None, 0) and event.aggregate_type not in ENGINE_STREAMS
+    )
+    if types and checked:
+        return StreamIdentityError(f"stream {event.aggregate_id} belongs to another tenant")
+    return None
+
+
+def _version_conflict(event: Event, expected_version: int | None) -> VersionConflict:
+    """The :class:`VersionConflict` for an append to a stream that moved."""
+    stream = Event.objects.filter(tenant_id=event.tenant_id, aggregate_id=event.aggregate_id)
+    current = stream.aggregate(v=Max("version"))["v"]
     if expected_version is None:
-        raise VersionConflict(
+        return VersionConflict(
             f"stream {event.aggregate_id} already has version {current}",
             aggregate_id=event.aggregate_id,
             expected_version=(current or 1) - 1,
         )
-    if not Event.objects.filter(aggregate_id=event.aggregate_id, version=expected_version).exists():
+    if not stream.filter(version=expected_version).exists():
         # Appending past the end would leave a gap in the stream.
-        raise VersionConflict(
+        return VersionConflict(
             f"stream {event.aggregate_id} is at version {current or 0}, not at the expected "
             f"version {expected_version}",
             aggregate_id=event.aggregate_id,
             expected_version=expected_version,
         )
-    raise VersionConflict(
+    return VersionConflict(
         f"stream {event.aggregate_id} already has version {expected_version + 1}",
         aggregate_id=event.aggregate_id,
         expected_version=expected_version,
     )
 
 
-def load_stream(aggregate_id: uuid.UUID | str) -> list[Event]:
-    """All events of one stream, in version order."""
-    return list(Event.objects.filter(aggregate_id=_as_uuid(aggregate_id)).order_by("version"))
+def load_stream(aggregate_id: uuid.UUID | str, tenant_id: str | None = None) -> list[Event]:
+    """All events of one stream, in version order.
+
+    A stream lives in one tenant. ``tenant_id`` names it; None means the
+    tenant of the stream's first event. Events another tenant wrote with the
+    same id (only a race of two first appends can leave such a twin) are
+    never mixed in.
+    """
+    events = Event.objects.filter(aggregate_id=_as_uuid(aggregate_id))
+    if tenant_id is None:
+        head = events.filter(version=1).order_by("id").values("tenant_id")[:1]
+        events = events.filter(tenant_id=Subquery(head))
+    else:
+        events = events.filter(tenant_id=_name(tenant_id, "tenant_id"))
+    return list(events.order_by("version"))

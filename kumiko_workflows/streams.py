@@ -33,6 +33,7 @@ AWAITED_EVENT_UNAVAILABLE = "awaited_event_unavailable"
 INVALID_MATCH = "invalid_match"
 INVALID_PENDING_ROW = "invalid_pending_row"
 INTERNAL_ERROR = "internal_error"
+RESUME_FAILED_REPEATEDLY = "resume_failed_repeatedly"
 
 #: (run id, version) of an event about to be appended whose stream has no
 #: pending rows (nor wait keys) for sure: the stream's previous event was

@@ -15,8 +15,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import transaction
 
 from kumiko_workflows import append_event, resume_due_runs, run_id_for
@@ -178,6 +181,51 @@ def test_a_result_too_big_to_suspend_with_fails_the_run_at_resume(past, settings
     assert "xxxxxxxxxx" not in json.dumps(failed)
     assert not WorkflowRunPending.objects.filter(run_id=run_id).exists()
     assert resume_due_runs().processed == 0  # not a poison row that fails every pass
+
+
+# --- results too large for JSON -----------------------------------------------------
+
+
+def test_a_result_json_dumps_refuses_fails_the_run_at_start():
+    event = trigger("t.faults-huge-result")
+    run_id = run_id_for("t-faults-huge-result", event.payload["run_key"])
+
+    failed, run = _failed(run_id)
+    assert (failed["reason"], failed["step"]) == ("invalid_step_result", "1")
+    assert failed["error"] == "step 1 (compute 'huge'): its result is not JSON-serialisable"
+    assert "ctx.steps['huge']['n'] is an integer beyond the 64-bit range" in run.last_error
+    assert types_of(run_id) == [et.RUN_STARTED, et.RUN_FAILED]
+    assert Event.objects.filter(pk=event.pk).exists()  # the domain write stands
+
+
+def test_a_result_json_dumps_refuses_fails_the_run_at_resume_not_every_pass(now):
+    event = trigger("t.faults-huge-result", wait_first=True)
+    run_id = run_id_for("t-faults-huge-result", event.payload["run_key"])
+
+    report = resume_due_runs(now=now + timedelta(minutes=1))
+
+    assert (report.resumed, report.failed, report.errors) == (1, 1, 0), report
+    failed, run = _failed(run_id)
+    assert (failed["reason"], failed["step"]) == ("invalid_step_result", "1")
+    assert "ctx.steps['huge']['n'] is an integer beyond the 64-bit range" in run.last_error
+    assert types_of(run_id) == [et.RUN_STARTED, et.WAITING, et.RESUMED, et.RUN_FAILED]
+    # A one-shot pass after it has nothing left to trip over: no error, exit 0.
+    out = StringIO()
+    call_command("resume_due_runs", "--no-cron", stdout=out)
+    assert "errors=0" in out.getvalue()
+
+
+def test_a_result_json_dumps_refuses_in_a_retry_body_fails_the_run(now):
+    event = trigger("t.faults-huge-retry")
+    run_id = run_id_for("t-faults-huge-retry", event.payload["run_key"])
+    assert types_of(run_id) == [et.RUN_STARTED, et.RETRY_SCHEDULED]
+
+    report = resume_due_runs(now=now + timedelta(minutes=1))
+
+    assert (report.resumed, report.failed, report.errors) == (1, 1, 0), report
+    failed, run = _failed(run_id)
+    assert (failed["reason"], failed["step"]) == ("invalid_step_result", "0")
+    assert "ctx.steps['huge']['n'] is an integer beyond the 64-bit range" in run.last_error
 
 
 # --- tampered pending rows ----------------------------------------------------------

@@ -485,6 +485,11 @@ SETTINGS_ERRORS = {
         "E022",
         "KUMIKO_WORKFLOWS['MAX_PAYLOAD_BYTES'] must be a positive number, got True.",
     ),
+    "zero resume errors": (
+        {"MAX_RESUME_ERRORS": 0},
+        "E022",
+        "KUMIKO_WORKFLOWS['MAX_RESUME_ERRORS'] must be a positive number, got 0.",
+    ),
     "empty tenant": (
         {"DEFAULT_TENANT": ""},
         "E023",

@@ -90,7 +90,8 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
                '{{}}', 'kumiko_workflows', %(created)s
         FROM unnest(%(sources)s::uuid[], %(runs)s::uuid[], %(keys)s::text[])
              AS u(source, run, key)
-        JOIN {event} t ON t.aggregate_id = u.source AND t.version = 1""",  # noqa: S608 - table names from _meta
+        JOIN {event} t
+          ON t.tenant_id = %(tenant)s AND t.aggregate_id = u.source AND t.version = 1""",  # noqa: S608 - table names from _meta
         # workflow.step.waiting at step 0 with no results yet.
         f"""INSERT INTO {event} ({columns})
         SELECT %(tenant)s, s.aggregate_id, s.aggregate_type, 2, '{et.WAITING}', 1,
@@ -103,7 +104,8 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
                    'state', '{{"results": {{}}, "awaited": {{}}}}'::jsonb),
                '{{}}', 'kumiko_workflows', %(created)s
         FROM {event} s
-        WHERE s.aggregate_id = ANY(%(runs)s::uuid[]) AND s.version = 1""",  # noqa: S608 - table names from _meta
+        WHERE s.tenant_id = %(tenant)s AND s.aggregate_id = ANY(%(runs)s::uuid[])
+          AND s.version = 1""",  # noqa: S608 - table names from _meta
         # The run-status projection of those two events.
         f"""INSERT INTO {run} (run_id, tenant_id, workflow_name, idempotency_key, status, step,
                suspension_type, wake_at, awaited_event_type, retry_attempt, failure_reason,
@@ -113,7 +115,8 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
                'waiting', '0', 'wait', %(wake_at)s, '', 0, '', '', '', %(fingerprint)s,
                (s.payload ->> 'trigger_event_id')::bigint, 2, s.created_at, %(created)s, NULL
         FROM {event} s
-        WHERE s.aggregate_id = ANY(%(runs)s::uuid[]) AND s.version = 1""",  # noqa: S608 - table names from _meta
+        WHERE s.tenant_id = %(tenant)s AND s.aggregate_id = ANY(%(runs)s::uuid[])
+          AND s.version = 1""",  # noqa: S608 - table names from _meta
         # The pending projection of the waiting event.
         f"""INSERT INTO {pending} (tenant_id, run_id, step, workflow_name, suspension_type,
                wake_at, timeout_at, retry_attempt, definition_fingerprint, wait_event_type,
@@ -123,7 +126,8 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
                %(fingerprint)s, '', '', NULL, NULL, (w.payload ->> 'trigger_event_id')::bigint,
                2, w.payload -> 'state', w.created_at, NULL
         FROM {event} w
-        WHERE w.aggregate_id = ANY(%(runs)s::uuid[]) AND w.version = 2""",  # noqa: S608 - table names from _meta
+        WHERE w.tenant_id = %(tenant)s AND w.aggregate_id = ANY(%(runs)s::uuid[])
+          AND w.version = 2""",  # noqa: S608 - table names from _meta
     ]
     with transaction.atomic(), connection.cursor() as cursor:
         for sql in statements:

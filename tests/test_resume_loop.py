@@ -512,3 +512,63 @@ def test_a_failing_run_in_a_batch_leaves_the_others_resumed_exactly_once(past):
     # The rolled-back first attempt left no trace: one "after" write per run.
     assert Event.objects.filter(type="t.recorded", payload__step="after").count() == 2
     assert not WorkflowRunPending.objects.exists()
+
+
+class LedgerLocked(Exception):
+    pass
+
+
+def test_a_run_whose_resume_keeps_raising_is_failed_after_max_resume_errors(settings, now):
+    """Nothing is retried for ever: the third pass in a row that trips over it fails it."""
+    from kumiko_workflows import retry_run
+    from kumiko_workflows.explain import explain
+    from kumiko_workflows.projections import registry as projections
+    from kumiko_workflows.rebuild import check
+
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "MAX_RESUME_ERRORS": 3}
+    stuck = run_id_for("t-wait", trigger("t.wait", **{"for": "PT0S"}).payload["run_key"])
+
+    def explode(event, replaying):
+        if event.aggregate_id == stuck:
+            raise LedgerLocked("secret-detail: the ledger is locked")
+
+    projections.register("test.explode-on-resume", {et.RESUMED}, explode)
+    try:
+        for n in (1, 2):
+            other = run_id_for("t-wait", trigger("t.wait", **{"for": "PT0S"}).payload["run_key"])
+            report = resume_due_runs(now=now + timedelta(minutes=n))
+            assert (report.completed, report.failed, report.errors) == (1, 0, 1), report
+            assert types_of(other)[-1] == et.RUN_COMPLETED
+            assert types_of(stuck) == [et.RUN_STARTED, et.WAITING]
+            assert _pending(stuck).resume_errors == n
+            facts = dict(explain(WorkflowRun.objects.get(run_id=stuck), now).facts)
+            assert facts["Failed resumes"].startswith(f"{n} pass(es) in a row raised")
+            # The count is the worker's, not the events': the tables still
+            # match what the events give.
+            assert check().differences == []
+
+        report = resume_due_runs(now=now + timedelta(minutes=3))
+    finally:
+        projections.unregister("test.explode-on-resume")
+
+    assert (report.failed, report.errors) == (1, 0), report
+    assert types_of(stuck) == [et.RUN_STARTED, et.WAITING, et.RUN_FAILED]
+    failed = run_events(stuck)[-1].payload
+    assert (failed["reason"], failed["step"], failed["error_class"]) == (
+        "resume_failed_repeatedly",
+        "1",
+        "LedgerLocked",
+    )
+    assert "secret-detail" not in failed["error"]
+    run = WorkflowRun.objects.get(run_id=stuck)
+    assert (run.status, run.failure_reason) == ("failed", "resume_failed_repeatedly")
+    assert "secret-detail: the ledger is locked" in run.last_error
+    assert not WorkflowRunPending.objects.filter(run_id=stuck).exists()
+    assert resume_due_runs(now=now + timedelta(minutes=4)).processed == 0
+
+    # Once the cause is gone, the run can be retried from its suspension.
+    assert retry_run(stuck, by="ops") is True
+    assert _pending(stuck).resume_errors == 0
+    for minutes in (5, 6):  # the wait step runs again (PT0S), then the rest
+        assert resume_due_runs(now=now + timedelta(minutes=minutes)).errors == 0
+    assert types_of(stuck)[-1] == et.RUN_COMPLETED

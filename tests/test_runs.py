@@ -42,7 +42,9 @@ def before(ctx):
 
 def saw(ctx):
     """Record what the step sees, as a domain event the test can read."""
-    ctx.append_event(ctx.event.aggregate_id, "test", "r.saw", {"steps": ctx.steps})
+    ctx.append_event(
+        ctx.event.aggregate_id, ctx.event.aggregate_type, "r.saw", {"steps": ctx.steps}
+    )
     return None
 
 

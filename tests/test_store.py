@@ -217,6 +217,14 @@ BAD_INPUT = {
         {"payload": {"a": {"b": float("inf")}}},
         r"payload\['a'\]\['b'\] is inf, which JSON cannot hold",
     ),
+    "int json.dumps refuses": (
+        {"payload": {"n": [10**5000]}},
+        r"payload\['n'\]\[0\] is an integer beyond the 64-bit range",
+    ),
+    "int of 4001 digits": (
+        {"payload": {"n": -(10**4000)}},
+        r"payload\['n'\] is an integer beyond the 64-bit range",
+    ),
     "non-string key": ({"payload": {1: "a"}}, "payload has a key 1 that is not a string"),
     "nested non-string key": (
         {"payload": {"a": [{None: 1}]}},
@@ -434,7 +442,15 @@ def test_bulk_create_bypasses_the_projections(projection):
     stream = new_stream()
 
     Event.objects.bulk_create(
-        [Event(aggregate_id=stream, aggregate_type="thing", type="t.bulk", version=1)]
+        [
+            Event(
+                tenant_id="default",
+                aggregate_id=stream,
+                aggregate_type="thing",
+                type="t.bulk",
+                version=1,
+            )
+        ]
     )
     assert seen == []
     assert [e.type for e in load_stream(stream)] == ["t.bulk"]
@@ -476,7 +492,7 @@ RACER = textwrap.dedent(
 @pytest.mark.django_db(transaction=True)
 def test_two_processes_append_the_same_version_exactly_one_wins():
     stream = new_stream()
-    append(stream, "race.opened")
+    append_event(stream, "race", "race.opened", {})
     lock_key = 0x6B756D00 + uuid.uuid4().int % 1000
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [lock_key])

@@ -30,7 +30,10 @@ def gate(ctx):
     if ctx.retry_attempt <= ctx.event.payload.get("fail_attempts", 1):
         raise FlakyError("secret-detail: card 4242 declined")
     ctx.append_event(
-        ctx.event.aggregate_id, "test", "t.gate-passed", {"attempt": ctx.retry_attempt}
+        ctx.event.aggregate_id,
+        ctx.event.aggregate_type,
+        "t.gate-passed",
+        {"attempt": ctx.retry_attempt},
     )
     return ctx.retry_attempt
 
@@ -42,7 +45,10 @@ def fatal_gate(ctx):
 def record(name):
     def fn(ctx):
         ctx.append_event(
-            ctx.event.aggregate_id, "test", "t.recorded", {"step": name, "steps": dict(ctx.steps)}
+            ctx.event.aggregate_id,
+            ctx.event.aggregate_type,
+            "t.recorded",
+            {"step": name, "steps": dict(ctx.steps)},
         )
         return {"step": name, "seen": sorted(ctx.steps)}
 
@@ -51,7 +57,7 @@ def record(name):
 
 
 def boom(ctx):
-    ctx.append_event(ctx.event.aggregate_id, "test", "t.written-before-boom", {})
+    ctx.append_event(ctx.event.aggregate_id, ctx.event.aggregate_type, "t.written-before-boom", {})
     raise RuntimeError("secret-detail: database password is hunter2")
 
 
@@ -193,7 +199,7 @@ def write_then_block(ctx):
     """A database side effect, then hold: a worker killed here must roll it back."""
     ctx.append_event(
         ctx.event.aggregate_id,
-        "test",
+        ctx.event.aggregate_type,
         "t.faults-side-effect",
         {"run_key": ctx.event.payload["run_key"]},
     )
@@ -281,7 +287,7 @@ def append_as_told(ctx):
     there), so the payload names them.
     """
     arguments = {
-        "aggregate_type": "test",
+        "aggregate_type": ctx.event.aggregate_type,
         "type": "t.appended",
         "payload": {},
     }
@@ -303,4 +309,35 @@ step_appends = define_workflow(
     trigger=on_event("t.step-appends"),
     idempotency_key=run_key,
     steps=[steps.compute("append", append_as_told)],
+)
+
+
+def huge_number(ctx):
+    """A result with more digits than Python turns into text (so json.dumps refuses it)."""
+    return {"n": 10**5000}
+
+
+#: The huge result at start (``wait_first`` false) or after a resume (true);
+#: either way the run suspends after it, so the result must be stored.
+faults_huge_result = define_workflow(
+    name="t-faults-huge-result",
+    trigger=on_event("t.faults-huge-result"),
+    idempotency_key=run_key,
+    steps=[
+        steps.branch(if_=payload_value("wait_first", False), then=[steps.wait("PT0S")], else_=[]),
+        steps.compute("huge", huge_number),
+        steps.wait("PT1H"),
+    ],
+)
+
+faults_huge_retry = define_workflow(
+    name="t-faults-huge-retry",
+    trigger=on_event("t.faults-huge-retry"),
+    idempotency_key=run_key,
+    steps=[
+        steps.retry(
+            times=2, backoff="linear", base_delay="PT10S", do=[steps.compute("huge", huge_number)]
+        ),
+        steps.wait("PT1H"),
+    ],
 )

@@ -295,13 +295,15 @@ class Command(BaseCommand):
             WorkflowRun.objects.filter(run_id__in=list(order_of)),
             key=lambda run: order_of[run.run_id].number,
         )
+        # A stream is (tenant, id): read the demo's streams in its tenant.
+        events = Event.objects.filter(tenant_id__in={o.tenant for o in orders})
         retries = Counter(
-            Event.objects.filter(
+            events.filter(
                 aggregate_id__in=[r.run_id for r in runs], type=et.RETRY_SCHEDULED
             ).values_list("aggregate_id", flat=True)
         )
         shipped = set(
-            Event.objects.filter(
+            events.filter(
                 type="order.shipped", aggregate_id__in=[o.order_id for o in orders]
             ).values_list("aggregate_id", flat=True)
         )

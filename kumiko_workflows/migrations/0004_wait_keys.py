@@ -58,7 +58,7 @@ def drop_payload_index(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('kumiko_workflows', '0001_initial'),
+        ('kumiko_workflows', '0003_pending_resume_errors'),
     ]
 
     operations = [
