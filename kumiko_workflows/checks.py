@@ -37,6 +37,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         "RETRY_BASE_DELAY",
         "WORKER_INTERVAL",
         "BATCH_SIZE",
+        "BATCH_SECONDS",
         "MAX_RESUME_ERRORS",
         "CRON_CATCH_UP_LIMIT",
         "CRON_GRACE",

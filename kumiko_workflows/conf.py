@@ -19,8 +19,11 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_BASE_DELAY": 10.0,
     # Longest sleep of a `resume_due_runs --loop` worker between passes, seconds.
     "WORKER_INTERVAL": 5.0,
-    # Due rows claimed per transaction by resume_due_runs (each in a savepoint).
+    # Runs a worker resumes per transaction (each claimed when its turn comes,
+    # in a savepoint of its own); 1 commits every run on its own.
     "BATCH_SIZE": 50,
+    # Seconds after which a worker commits its batch early (a slow step ends it).
+    "BATCH_SECONDS": 0.5,
     # Passes in a row whose resume of a run raises before the run is failed
     # (reason resume_failed_repeatedly), so no run trips every pass for ever.
     "MAX_RESUME_ERRORS": 3,

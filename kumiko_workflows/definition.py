@@ -367,6 +367,11 @@ def _hash(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: How a worker commits the resumes of a workflow's runs: with others in a
+#: batch (fast), or each on its own (a killed worker repeats no other run).
+COMMIT_MODES = ("batch", "per_run")
+
+
 class Workflow:
     """A validated, registered workflow definition. Build with :func:`define_workflow`."""
 
@@ -378,6 +383,7 @@ class Workflow:
         idempotency_key: str | Callable[[Any], Any] | None = None,
         awaits: Mapping[str, str] | None = None,
         version: int = 1,
+        commit: str = "batch",
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -393,6 +399,14 @@ class Workflow:
             raise WorkflowDefinitionError(
                 f"workflow {name!r}: idempotency_key must be a string, a callable or None"
             )
+        if commit not in COMMIT_MODES:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: commit must be one of {', '.join(COMMIT_MODES)}, "
+                f"got {commit!r}"
+            )
+        #: "per_run": a worker commits before and after each resume of this
+        #: workflow's runs, so a killed worker never repeats another run's steps.
+        self.commit = commit
         awaits = dict(awaits or {})
         for key, event_type in awaits.items():
             if not isinstance(key, str) or not isinstance(event_type, str) or not event_type:
@@ -585,15 +599,19 @@ def define_workflow(
     awaits: Mapping[str, str] | None = None,
     version: int = 1,
     *,
+    commit: str = "batch",
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name``.
 
     Raises :class:`WorkflowDefinitionError` naming the first problem (with its
-    system check id). Pass ``register=False`` to build a definition without
-    registering it (for :meth:`WorkflowRegistry.override`).
+    system check id). ``commit="per_run"`` makes workers commit each resume of
+    this workflow's runs on its own (for steps with side effects outside the
+    database); the default shares a commit with other runs. Pass
+    ``register=False`` to build a definition without registering it (for
+    :meth:`WorkflowRegistry.override`).
     """
-    workflow = Workflow(name, trigger, steps, idempotency_key, awaits, version)
+    workflow = Workflow(name, trigger, steps, idempotency_key, awaits, version, commit)
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:
         first = problems[0]

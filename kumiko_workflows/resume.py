@@ -1,9 +1,8 @@
 """Resuming suspended runs, and the operations on a run: cancel, wake, retry.
 
-``resume_due_runs`` claims due pending rows (``FOR UPDATE SKIP LOCKED`` on
-PostgreSQL, so racing workers never pick the same row) a batch per
-transaction: optimistically first, and row by row in savepoints when a row
-fails. The claim is appending
+``resume_due_runs`` claims due pending rows one at a time (``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL, so racing workers never pick the same row), resumes
+each in a savepoint of its own and commits a batch at a time. The claim is appending
 ``workflow.step.resumed`` at the version after the suspension: the stream's
 unique (tenant_id, aggregate_id, version) decides every race, so each
 suspension is resumed at most once.
@@ -12,6 +11,7 @@ suspension is resumed at most once.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -133,24 +133,18 @@ def _wanted_events(row: WorkflowRunPending) -> set[int]:
     return {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
 
 
-def resume_row(
-    row: WorkflowRunPending,
-    now: datetime,
-    prefetched: dict[int, Event] | None = None,
-) -> tuple[str, bool]:
+def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
     """Resume one pending row; return (outcome, claimed).
 
     The outcome is completed, suspended, failed or skipped; ``claimed`` says
-    whether ``workflow.step.resumed`` was appended. ``prefetched`` holds
-    events (immutable) already loaded for the batch, by id.
+    whether ``workflow.step.resumed`` was appended.
 
-    Must run in a transaction that holds the row, in a savepoint of its own
-    or in an optimistic batch that is redone if anything raises. Raises
+    Must run in a savepoint of its own in a transaction that holds the row. Raises
     :class:`SegmentFailed` when the run fails after its claim: the caller
     unwinds the savepoint and records the failure (see :func:`resume_one`).
     """
     stream = RunStream.of_pending(row)
-    stream.savepoint = False  # the caller unwinds its savepoint (or batch) on errors
+    stream.savepoint = False  # the caller unwinds its savepoint on errors
     workflow = registry.get(row.workflow_name)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
         changed = _definition_changed(row, workflow)
@@ -202,11 +196,7 @@ def resume_row(
     )
     state = row.state or {}
     awaited: dict[str, int | None] = dict(row.awaited_refs())
-    wanted = _wanted_events(row)
-    if prefetched is not None and wanted <= prefetched.keys():
-        events = {i: prefetched[i] for i in wanted}
-    else:
-        events = Event.objects.filter(tenant_id=row.tenant_id).in_bulk(wanted)
+    events = Event.objects.filter(tenant_id=row.tenant_id).in_bulk(_wanted_events(row))
 
     trigger = events.get(row.trigger_event_id) if row.trigger_event_id is not None else None
     if trigger is None:
@@ -276,13 +266,11 @@ def resume_row(
         return "skipped", False
 
 
-def resume_one(
-    row: WorkflowRunPending, now: datetime, prefetched: dict[int, Event] | None = None
-) -> tuple[str, bool]:
+def resume_one(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
     """:func:`resume_row` in a savepoint of its own, recording a failed run."""
     try:
         with transaction.atomic():
-            return resume_row(row, now, prefetched)
+            return resume_row(row, now)
     except SegmentFailed as failed:
         try:
             with transaction.atomic():
@@ -356,8 +344,20 @@ def _connection_broken() -> bool:
     return raw is None or bool(getattr(raw, "closed", False))
 
 
-class _Redo(Exception):
-    """A row of an optimistic batch did not go through cleanly: redo the batch."""
+def _claim(tenant: str, now: datetime, passed_over: set[int]) -> WorkflowRunPending | None:
+    """Lock the tenant's next due row that nobody holds, or None."""
+    query = WorkflowRunPending.objects.for_tenant(tenant).due(now)
+    if passed_over:
+        query = query.exclude(pk__in=passed_over)
+    query = query.order_by("wake_at", "id")
+    if connection.features.has_select_for_update_skip_locked:
+        query = query.select_for_update(skip_locked=True)
+    return query.first()
+
+
+def _commits_per_run(row: WorkflowRunPending) -> bool:
+    workflow = registry.get(row.workflow_name)
+    return workflow is not None and workflow.commit == "per_run"
 
 
 def _drain_tenant(
@@ -368,79 +368,70 @@ def _drain_tenant(
     limit: int | None,
     should_stop: Callable[[], bool],
 ) -> None:
-    """Resume the tenant's due rows, a batch per transaction.
+    """Resume the tenant's due rows, claimed one at a time, a batch per transaction.
 
-    A batch first runs optimistically, without a savepoint per row: that is
-    two statements fewer per run. If any row fails (a step, a race, the
-    database), the whole batch rolls back and runs again carefully, each row
-    in its own savepoint, so one row's failure is recorded and the others go
-    on. Steps of the rolled-back rows run again, as after a crash.
+    A row is locked only when its turn comes, so a slow step never holds rows
+    it has not reached: other workers take them meanwhile. Each run resumes
+    in a savepoint of its own, so a failing run is recorded alone and no
+    other run's steps run again. A transaction commits after ``BATCH_SIZE``
+    runs, once ``BATCH_SECONDS`` have passed (a slow step ends its batch), and
+    around each run of a workflow defined with ``commit="per_run"``. Only a
+    crash mid-batch makes the batch's finished runs run again.
     """
     passed_over: set[int] = set()
     batch_size = max(1, int(workflow_settings.BATCH_SIZE))
-    careful = False
     while True:
         remaining = None if limit is None else limit - report.processed
         if (remaining is not None and remaining <= 0) or should_stop():
             return
         size = batch_size if remaining is None else min(batch_size, remaining)
         batch = ResumeReport()
-        stopped = False
-        try:
-            with transaction.atomic():
-                query = WorkflowRunPending.objects.for_tenant(tenant).due(now)
-                if passed_over:
-                    query = query.exclude(pk__in=passed_over)
-                query = query.order_by("wake_at", "id")
-                if connection.features.has_select_for_update_skip_locked:
-                    query = query.select_for_update(skip_locked=True)
-                rows = list(query[:size])
-                # One query for the trigger and awaited events of the whole batch.
-                prefetched = Event.objects.filter(tenant_id=tenant).in_bulk(
-                    set().union(*map(_wanted_events, rows))
-                )
-                for row in rows:
-                    if should_stop():
-                        stopped = True
-                        break
-                    if careful:
-                        try:
-                            outcome, claimed = resume_one(row, clock(), prefetched)
-                        except Exception as exc:
-                            if _connection_broken():
-                                # Every row after this one would fail the same way: end
-                                # the pass, so the worker backs off and reconnects.
-                                raise
-                            logger.exception(
-                                "run=%s step=%s tenant=%s could not be resumed",
-                                row.run_id,
-                                row.step,
-                                tenant,
-                            )
-                            passed_over.add(row.pk)
-                            if _resume_raised(row, exc):
-                                batch.failed += 1
-                            else:
-                                batch.errors += 1
-                            continue
-                    else:
-                        try:
-                            outcome, claimed = resume_row(row, clock(), prefetched)
-                        except Exception as exc:
-                            if _connection_broken():
-                                raise  # no redo can help: the worker backs off
-                            raise _Redo from exc
-                    if outcome == "skipped":
-                        passed_over.add(row.pk)
-                    batch.resumed += claimed
-                    setattr(batch, outcome, getattr(batch, outcome) + 1)
-        except _Redo:
-            careful = True  # the batch rolled back whole: run it again, row by row
-            continue
+        drained = False
+        with transaction.atomic():
+            deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
+            for index in range(size):
+                if should_stop():
+                    drained = True
+                    break
+                row = _claim(tenant, now, passed_over)
+                if row is None:
+                    drained = True
+                    break
+                per_run = _commits_per_run(row)
+                if per_run and index > 0:
+                    break  # commit the others first; the next batch starts with it
+                outcome = _resume_in_batch(row, clock(), batch, tenant)
+                if outcome in ("skipped", "error"):
+                    passed_over.add(row.pk)
+                if per_run or time.monotonic() > deadline:
+                    break
         report.add(batch)
-        careful = False
-        if stopped or len(rows) < size:
+        if drained:
             return
+
+
+def _resume_in_batch(
+    row: WorkflowRunPending, now: datetime, batch: ResumeReport, tenant: str
+) -> str:
+    """Resume ``row`` in its own savepoint and count the outcome in ``batch``."""
+    try:
+        outcome, claimed = resume_one(row, now)
+    except Exception as exc:
+        if _connection_broken():
+            # Every row after this one would fail the same way: end the
+            # pass, so the worker backs off and reconnects.
+            raise
+        logger.exception(
+            "run=%s step=%s tenant=%s could not be resumed", row.run_id, row.step, tenant
+        )
+        if _resume_raised(row, exc):
+            batch.failed += 1
+        else:
+            batch.errors += 1
+        return "error"
+    batch.resumed += claimed
+    setattr(batch, outcome, getattr(batch, outcome) + 1)
+    return outcome
 
 
 def max_resume_errors() -> int:

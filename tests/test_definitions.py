@@ -527,7 +527,7 @@ def test_settings_check_flags_bad_values(settings, value, check, message):
 def test_settings_check_hints_and_a_clean_configuration(settings):
     settings.KUMIKO_WORKFLOWS = {"BATCHSIZE": 5, "BATCH_SIZE": -1}
     errors = check_settings()
-    assert errors[0].hint.startswith("Known settings: ADMIN_TENANT, BATCH_SIZE,")
+    assert errors[0].hint.startswith("Known settings: ADMIN_TENANT, BATCH_SECONDS, BATCH_SIZE,")
     assert errors[1].hint == "The default is 50."
 
     settings.KUMIKO_WORKFLOWS = {"BATCH_SIZE": 10, "CRON_TENANTS": "tests.conftest.on_postgres"}

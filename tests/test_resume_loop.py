@@ -483,7 +483,7 @@ def test_the_tables_rebuild_from_the_run_streams_alone_whatever_is_registered():
 
 
 def test_a_failing_run_in_a_batch_leaves_the_others_resumed_exactly_once(past):
-    """The batch runs optimistically, rolls back on the failure and redoes row by row."""
+    """Each run has its own savepoint: the failure is recorded alone, the others commit."""
     from kumiko_workflows import define_workflow, on_event, steps
     from kumiko_workflows.definition import registry
     from kumiko_workflows.models import Event

@@ -1,0 +1,120 @@
+"""Batches commit several runs at once, but never run a finished step twice without a crash.
+
+A worker claims due rows one at a time inside a batch's transaction, each run
+in a savepoint of its own: a failing run is recorded alone, a slow step holds
+no row it has not reached, and ``commit="per_run"`` gives a workflow a commit
+of its own.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
+from kumiko_workflows import event_types as et
+from kumiko_workflows.definition import registry
+from kumiko_workflows.exceptions import WorkflowDefinitionError
+from kumiko_workflows.models import Event, WorkflowRun
+from tests.conftest import subprocess_env, trigger, types_of
+from tests.testapp import workflows as w
+
+LINES: Path | None = None
+_SECOND = timedelta(seconds=1)
+
+
+def write_a_line(ctx):
+    """A side effect outside the database: one line per execution of the step."""
+    number = ctx.event.payload["number"]
+    assert LINES is not None
+    with LINES.open("a") as file:
+        file.write(f"{number}\n")
+    if number == 10:
+        raise RuntimeError("run 10 fails")
+    return number
+
+
+def _line_workflow(commit: str = "batch"):
+    return define_workflow(
+        name="t-lines",
+        trigger=on_event("t.lines"),
+        idempotency_key=w.run_key,
+        steps=[steps.wait("PT0S"), steps.compute("line", write_a_line)],
+        commit=commit,
+        register=False,
+    )
+
+
+@pytest.mark.django_db
+def test_a_failing_run_in_a_batch_does_not_run_the_others_steps_again(tmp_path, settings):
+    global LINES
+    LINES = tmp_path / "lines.txt"
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_SIZE": 50}
+    with registry.override(_line_workflow()):
+        events = [trigger("t.lines", number=n) for n in range(1, 21)]
+        report = resume_due_runs(now=events[-1].created_at + _SECOND)
+
+    assert (report.resumed, report.completed, report.failed) == (20, 19, 1)
+    # Every run's step ran once: 20 lines, the failing run's included, no repeats.
+    assert sorted(map(int, LINES.read_text().split())) == list(range(1, 21))
+    assert WorkflowRun.objects.filter(status="completed").count() == 19
+
+
+@pytest.mark.django_db
+def test_commit_per_run_is_a_workflow_option_and_a_bad_one_is_refused(tmp_path):
+    global LINES
+    LINES = tmp_path / "lines.txt"
+    with registry.override(_line_workflow("per_run")):
+        events = [trigger("t.lines", number=n) for n in (1, 2, 3)]
+        report = resume_due_runs(now=events[-1].created_at + _SECOND)
+    assert (report.resumed, report.completed) == (3, 3)
+    with pytest.raises(WorkflowDefinitionError, match="commit must be one of batch, per_run"):
+        _line_workflow("sometimes")
+
+
+HOLDER = textwrap.dedent(
+    """
+    import django
+    django.setup()
+    from kumiko_workflows import resume_due_runs
+    print(resume_due_runs(), flush=True)
+    """
+)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_step_holds_no_row_it_has_not_reached(tmp_path, past):
+    # The slow run is due first; twenty quick runs are due behind it.
+    slow = trigger("t.blocking", sync_dir=str(tmp_path), **{"for": past})
+    quick = [trigger("t.wait", **{"for": past}) for _ in range(20)]
+    worker = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], env=subprocess_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        running = tmp_path / f"running-{slow.payload['run_key']}"
+        deadline = time.monotonic() + 60
+        while not running.exists():  # the step says it runs (a file), not a timer
+            assert time.monotonic() < deadline, "the slow step never started"
+            assert worker.poll() is None, "the worker exited early"
+            time.sleep(0.01)
+
+        # While the slow step runs, another worker takes every quick run.
+        report = resume_due_runs()
+    finally:
+        (tmp_path / "release").touch()
+        worker.communicate(timeout=60)
+
+    assert (report.resumed, report.completed) == (20, 20)
+    for event in quick:
+        run_id = run_id_for("t-wait", event.payload["run_key"])
+        assert types_of(run_id)[-1] == et.RUN_COMPLETED
+    slow_run = run_id_for("t-blocking", slow.payload["run_key"])
+    assert types_of(slow_run)[-1] == et.RUN_COMPLETED
+    assert Event.objects.filter(aggregate_id=slow_run, type=et.RESUMED).count() == 1
