@@ -264,7 +264,7 @@ class WorkflowRunPending(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["tenant_id", "wake_at"], name="kw_pending_due"),
+            models.Index(fields=["tenant_id", "wake_at", "id"], name="kw_pending_due"),
             models.Index(
                 fields=["tenant_id", "wait_event_type"],
                 condition=Q(match_scan=True),

@@ -387,6 +387,13 @@ def _drain_tenant(
         size = batch_size if remaining is None else min(batch_size, remaining)
         batch = ResumeReport()
         drained = False
+        if size == 1:
+            # A transaction of one run needs no savepoint of its own.
+            row = _resume_alone(tenant, now, clock, batch, passed_over)
+            report.add(batch)
+            if row is None or should_stop():
+                return
+            continue
         with transaction.atomic():
             deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
             for index in range(size):
@@ -408,6 +415,54 @@ def _drain_tenant(
         report.add(batch)
         if drained:
             return
+
+
+def _resume_alone(
+    tenant: str,
+    now: datetime,
+    clock: Callable[[], datetime],
+    batch: ResumeReport,
+    passed_over: set[int],
+) -> WorkflowRunPending | None:
+    """Claim and resume one row in a transaction of its own; None when none is due.
+
+    The transaction is the run's savepoint: a failure rolls it back whole,
+    and is recorded in a transaction of its own after it (by the stream
+    version, so a worker that claimed the row meanwhile wins cleanly).
+    """
+    row: WorkflowRunPending | None = None
+    try:
+        with transaction.atomic():
+            row = _claim(tenant, now, passed_over)
+            if row is None:
+                return None
+            outcome, claimed = resume_row(row, clock())
+    except SegmentFailed as failed:
+        try:
+            with transaction.atomic():
+                failed.record()
+        except VersionConflict:
+            outcome, claimed = "skipped", False
+        else:
+            outcome, claimed = "failed", True
+    except Exception as exc:
+        if row is None or _connection_broken():
+            raise
+        logger.exception(
+            "run=%s step=%s tenant=%s could not be resumed", row.run_id, row.step, tenant
+        )
+        passed_over.add(row.pk)
+        with transaction.atomic():
+            gave_up = _resume_raised(row, exc)
+        batch.failed += gave_up
+        batch.errors += not gave_up
+        return row
+    assert row is not None  # claimed, or the block returned None above
+    if outcome == "skipped":
+        passed_over.add(row.pk)
+    batch.resumed += claimed
+    setattr(batch, outcome, getattr(batch, outcome) + 1)
+    return row
 
 
 def _resume_in_batch(

@@ -51,11 +51,14 @@ def _line_workflow(commit: str = "batch"):
     )
 
 
+@pytest.mark.parametrize("batch_size", [1, 7, 50])
 @pytest.mark.django_db
-def test_a_failing_run_in_a_batch_does_not_run_the_others_steps_again(tmp_path, settings):
+def test_a_failing_run_in_a_batch_does_not_run_the_others_steps_again(
+    tmp_path, settings, batch_size
+):
     global LINES
     LINES = tmp_path / "lines.txt"
-    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_SIZE": 50}
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_SIZE": batch_size}
     with registry.override(_line_workflow()):
         events = [trigger("t.lines", number=n) for n in range(1, 21)]
         report = resume_due_runs(now=events[-1].created_at + _SECOND)
