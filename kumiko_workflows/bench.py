@@ -405,8 +405,17 @@ class Bench:
         pending = self.scratch_like("floor_pending", WorkflowRunPending)
         source_events = connection.ops.quote_name(Event._meta.db_table)
         source_pending = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
+        # Without their ids: the copy's own identity starts at 1 (PostgreSQL's
+        # LIKE ... INCLUDING ALL makes a new one), and on a fresh database the
+        # copied ids start at 1 too, so the floor's first INSERT would collide.
+        columns = ", ".join(
+            connection.ops.quote_name(f.column)
+            for f in Event._meta.concrete_fields
+            if f.column is not None and not f.primary_key
+        )
         self.execute(
-            f"INSERT INTO {events} SELECT * FROM {source_events} WHERE tenant_id = %s",  # noqa: S608
+            f"INSERT INTO {events} ({columns}) "  # noqa: S608
+            f"SELECT {columns} FROM {source_events} WHERE tenant_id = %s ORDER BY id",
             [self.tenant],
         )
         self.execute(
