@@ -498,39 +498,51 @@ class Bench:
         self.emit(Result("start", n, seconds, n / seconds))
 
     def scenario_drain(self) -> None:
+        """Due runs drained by the engine, each mode beside the SQL floor in the same round.
+
+        The engine drains at the configured ``BATCH_SIZE`` (runs per commit)
+        and at ``BATCH_SIZE=1`` (a commit per run, as the floor does); with
+        PostgreSQL also by two workers at the configured size.
+        """
         n = self.size("drain")
+        batch = int(_setting("BATCH_SIZE"))
         two = self.vendor == "postgresql"
         if not two:
             self.out(
                 "SKIPPED name=kumiko_drain_2 reason=SQLite allows one writer: two workers "
                 "need PostgreSQL"
             )
-        one_times: list[float] = []
-        floor_times: list[float] = []
-        two_times: list[float] = []
-        floor2_times: list[float] = []
+        # name, worker processes, BATCH_SIZE in the workers, note
+        modes = [
+            ("drain", 1, batch, f"BATCH_SIZE={batch}"),
+            ("drain_batch1", 1, 1, "BATCH_SIZE=1, a commit per run"),
+            *((("drain_2", 2, batch, f"BATCH_SIZE={batch}"),) if two else ()),
+        ]
+        engine_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
+        floor_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
         for _ in range(self.rounds):
-            for workers, engine_list, floor_list in (
-                (1, one_times, floor_times),
-                *(((2, two_times, floor2_times),) if two else ()),
-            ):
+            for name, workers, size, _note in modes:
                 run_ids = self.seed_due_runs(n)
                 self.copy_to_floor()
-                procs = self.start_workers("drain", workers)
-                seconds, _ = self.go(procs)
+                procs = self.start_workers("drain", workers, "--batch-size", str(size))
+                seconds, reports = self.go(procs)
+                if any(report["batch_size"] != size for report in reports):
+                    raise RuntimeError(f"{name}: the workers did not drain at BATCH_SIZE={size}")
                 self.verify_completed_once(run_ids)
-                engine_list.append(seconds)
+                engine_times[name].append(seconds)
                 procs = self.start_workers("floor", workers)
                 seconds, reports = self.go(procs)
                 done = sum(report["processed"] for report in reports)
                 if done != n:
                     raise RuntimeError(f"the SQL floor resumed {done} of {n} runs")
-                floor_list.append(seconds)
+                floor_times[name].append(seconds)
                 self.drop_floor()
                 self.cleanup()
-        self._ratio_result("drain", n, one_times, floor_times, "SQL floor, 1 process")
+        for name, workers, _size, note in modes:
+            label = f"SQL floor, {workers} process{'es' if workers > 1 else ''}"
+            self._ratio_result(name, n, engine_times[name], floor_times[name], label, note=note)
         if two:
-            self._ratio_result("drain_2", n, two_times, floor2_times, "SQL floor, 2 processes")
+            one_times, two_times = engine_times["drain"], engine_times["drain_2"]
             scaling = statistics.median(
                 one / two for one, two in zip(one_times, two_times, strict=True)
             )
@@ -787,6 +799,7 @@ class Bench:
         baseline: list[float],
         label: str,
         higher: bool = True,
+        note: str = "",
     ) -> None:
         # Ratio of throughputs, paired per round: engine rate / baseline rate.
         ratio = statistics.median(b / e for e, b in zip(engine, baseline, strict=True))
@@ -801,6 +814,7 @@ class Bench:
                 ratio,
                 label,
                 extra={"baseline_per_sec": n / base, "rounds": len(engine)},
+                note=note,
             )
         )
 
@@ -849,8 +863,18 @@ def production_mode() -> None:
     connection.force_debug_cursor = False
 
 
-def worker_main(mode: str, tenant: str, prefix: str, out: Callable[[str], None]) -> None:
+def worker_main(
+    mode: str,
+    tenant: str,
+    prefix: str,
+    out: Callable[[str], None],
+    batch_size: int | None = None,
+) -> None:
     production_mode()
+    if batch_size is not None:
+        # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
+        user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
+        settings.KUMIKO_WORKFLOWS = {**user, "BATCH_SIZE": batch_size}
     register_bench_workflows()
     connection.ensure_connection()
     if mode == "loop":
@@ -874,7 +898,12 @@ def worker_main(mode: str, tenant: str, prefix: str, out: Callable[[str], None])
     started = time.perf_counter()
     processed = _drain(tenant) if mode == "drain" else _floor(tenant, prefix)
     seconds = time.perf_counter() - started
-    report = {"processed": processed, "seconds": seconds, "hwm_kb": _hwm_kb()}
+    report = {
+        "processed": processed,
+        "seconds": seconds,
+        "hwm_kb": _hwm_kb(),
+        "batch_size": int(_setting("BATCH_SIZE")),
+    }
     out("DONE " + json.dumps(report))
 
 

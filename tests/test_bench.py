@@ -37,11 +37,12 @@ def _bench(*args: str) -> str:
 
 def assert_result_lines(output: str) -> None:
     """Every scenario at ``--n 20`` printed its lines (or, on SQLite, why it was skipped)."""
-    for name in ("append", "start", "drain", "scan", "memory"):
+    for name in ("append", "start", "drain", "drain_batch1", "scan", "memory"):
         assert re.search(
             rf"^RESULT name=kumiko_{name} n=\d+ seconds=[\d.]+ per_sec=[\d.]+$", output, re.M
         ), output
-    for name in ("append", "drain"):
+    # The drain at the configured BATCH_SIZE and at one run per commit, each beside the floor.
+    for name in ("append", "drain", "drain_batch1"):
         assert re.search(rf"^RATIO name={name} value=[\d.]+$", output, re.M), output
     # With 20 rows the planner may rightly prefer a sequential scan.
     assert re.search(r"^SCAN ms=[\d.]+ index=(yes|no)$", output, re.M), output

@@ -57,6 +57,9 @@ class Command(BaseCommand):
         parser.add_argument("--worker", help="internal: run as a worker process")
         parser.add_argument("--tenant", help="internal: the bench tenant of a worker")
         parser.add_argument("--prefix", help="internal: the scratch table prefix of a worker")
+        parser.add_argument(
+            "--batch-size", type=positive_int, help="internal: BATCH_SIZE of a drain worker"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["worker"]:
@@ -69,7 +72,13 @@ class Command(BaseCommand):
                 self.stdout.write(line)
                 self.stdout.flush()
 
-            worker_main(options["worker"], options["tenant"], options["prefix"], out)
+            worker_main(
+                options["worker"],
+                options["tenant"],
+                options["prefix"],
+                out,
+                batch_size=options["batch_size"],
+            )
             return
 
         from kumiko_workflows.bench import SCENARIOS, Bench, worker_environment
