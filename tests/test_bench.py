@@ -26,12 +26,15 @@ from tests.conftest import REPO, on_postgres, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+#: One round, and a slow step of slow_step that sleeps 0.2 s instead of 5.
+QUICK = ("--rounds", "1", "--slow-seconds", "0.2")
+
 
 def _bench(*args: str) -> str:
     out = StringIO()
     # The bench registers its own workflows: keep them out of the other tests.
     with registry.override():
-        call_command("kumiko_bench", *args, "--rounds", "1", stdout=out)
+        call_command("kumiko_bench", *args, *QUICK, stdout=out)
     return out.getvalue()
 
 
@@ -50,9 +53,16 @@ def assert_result_lines(output: str) -> None:
         assert re.search(r"^RESULT name=kumiko_wake n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=drain_2 value=", output, re.M), output
         assert re.search(r"^RATIO name=drain_2_vs_1 value=", output, re.M), output
+        assert re.search(r"^RESULT name=kumiko_slow_step n=20 ", output, re.M), output
+        assert re.search(
+            r"^SLOW_STEP quick_p50_s=[\d.]+ quick_p95_s=[\d.]+ quick_max_s=[\d.]+ slow_s=0.2$",
+            output,
+            re.M,
+        ), output
     else:
         assert "SKIPPED name=kumiko_wake reason=needs PostgreSQL" in output
         assert "SKIPPED name=kumiko_drain_2" in output
+        assert "SKIPPED name=kumiko_slow_step reason=SQLite allows one writer" in output
     assert "scenario" in output and "per sec" in output  # the table for people
 
 
@@ -149,6 +159,6 @@ def test_the_bench_runs_on_a_freshly_migrated_database(fresh_database_url):
     # scratch copy of the event table hands out first unless told otherwise.
     order = ["drain", *(name for name in SCENARIOS if name != "drain")]
     scenarios = [arg for name in order for arg in ("--scenario", name)]
-    output = manage("kumiko_bench", "--n", "20", "--rounds", "1", *scenarios)
+    output = manage("kumiko_bench", "--n", "20", *QUICK, *scenarios)
 
     assert_result_lines(output)
