@@ -47,16 +47,19 @@ logger = logging.getLogger("kumiko_workflows.bench")
 SOURCE = "kumiko-bench"
 DRAIN_WORKFLOW = "kumiko-bench-drain"
 WAKE_WORKFLOW = "kumiko-bench-wake"
+SLOW_WORKFLOW = "kumiko-bench-slow"
 DRAIN_TRIGGER = "kumiko-bench.drain-requested"
 WAKE_TRIGGER = "kumiko-bench.wake-started"
+SLOW_TRIGGER = "kumiko-bench.slow-requested"
 WAKE_EVENT = "kumiko-bench.wake-go"
 APPEND_TYPE = "kumiko-bench.appended"
 
-SCENARIOS = ("append", "start", "drain", "scan", "wake", "wake_scale", "memory")
+SCENARIOS = ("append", "start", "drain", "slow_step", "scan", "wake", "wake_scale", "memory")
 DEFAULT_N = {
     "append": 2000,
     "start": 1000,
     "drain": 2000,
+    "slow_step": 1000,
     "scan": 1_000_000,
     "wake": 50,
     "wake_scale": 100_000,
@@ -68,6 +71,8 @@ WAKE_SCAN_LIMIT = 10_000
 WAKE_SCALE_TRIALS = 30
 MEMORY_SIZES = (5_000, 50_000)
 SCAN_DUE_ROWS = 100
+#: How long the slow run's step of slow_step sleeps, in seconds (``--slow-seconds``).
+SLOW_SECONDS = 5.0
 
 
 # --- the bench workflows (registered wherever this module is imported) --------
@@ -97,6 +102,14 @@ def _wake_match(ctx: Any) -> dict[str, Any]:
     return _wake_match_for(ctx.event.payload["key"])
 
 
+def _nap(ctx: Any) -> float:
+    # The slow step of slow_step: it holds its worker as a long computation or
+    # a slow remote call would. The length is the run's, from its trigger.
+    seconds = float(ctx.event.payload["seconds"])
+    time.sleep(seconds)
+    return seconds
+
+
 def _done(ctx: Any) -> bool:
     return ctx.steps["go"] is not None
 
@@ -123,6 +136,12 @@ def register_bench_workflows() -> None:
         idempotency_key=_key,
         awaits={"go": WAKE_EVENT},
         steps=[wait_for_event("go", match=_wake_match), compute("done", _done)],
+    )
+    define_workflow(
+        SLOW_WORKFLOW,
+        on_event(SLOW_TRIGGER),
+        idempotency_key=_key,
+        steps=[wait(_wake_at), compute("nap", _nap)],
     )
 
 
@@ -158,8 +177,10 @@ class Bench:
         out: Callable[[str], None],
         worker_command: list[str],
         worker_env: dict[str, str],
+        slow_seconds: float = SLOW_SECONDS,
     ) -> None:
         self.n = n
+        self.slow_seconds = slow_seconds
         self.rounds = max(1, rounds)
         self.out = out
         self.worker_command = worker_command
@@ -405,8 +426,17 @@ class Bench:
         pending = self.scratch_like("floor_pending", WorkflowRunPending)
         source_events = connection.ops.quote_name(Event._meta.db_table)
         source_pending = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
+        # Without their ids: the copy's own identity starts at 1 (PostgreSQL's
+        # LIKE ... INCLUDING ALL makes a new one), and on a fresh database the
+        # copied ids start at 1 too, so the floor's first INSERT would collide.
+        columns = ", ".join(
+            connection.ops.quote_name(f.column)
+            for f in Event._meta.concrete_fields
+            if f.column is not None and not f.primary_key
+        )
         self.execute(
-            f"INSERT INTO {events} SELECT * FROM {source_events} WHERE tenant_id = %s",  # noqa: S608
+            f"INSERT INTO {events} ({columns}) "  # noqa: S608
+            f"SELECT {columns} FROM {source_events} WHERE tenant_id = %s ORDER BY id",
             [self.tenant],
         )
         self.execute(
@@ -489,39 +519,51 @@ class Bench:
         self.emit(Result("start", n, seconds, n / seconds))
 
     def scenario_drain(self) -> None:
+        """Due runs drained by the engine, each mode beside the SQL floor in the same round.
+
+        The engine drains at the configured ``BATCH_SIZE`` (runs per commit)
+        and at ``BATCH_SIZE=1`` (a commit per run, as the floor does); with
+        PostgreSQL also by two workers at the configured size.
+        """
         n = self.size("drain")
+        batch = int(_setting("BATCH_SIZE"))
         two = self.vendor == "postgresql"
         if not two:
             self.out(
                 "SKIPPED name=kumiko_drain_2 reason=SQLite allows one writer: two workers "
                 "need PostgreSQL"
             )
-        one_times: list[float] = []
-        floor_times: list[float] = []
-        two_times: list[float] = []
-        floor2_times: list[float] = []
+        # name, worker processes, BATCH_SIZE in the workers, note
+        modes = [
+            ("drain", 1, batch, f"BATCH_SIZE={batch}"),
+            ("drain_batch1", 1, 1, "BATCH_SIZE=1, a commit per run"),
+            *((("drain_2", 2, batch, f"BATCH_SIZE={batch}"),) if two else ()),
+        ]
+        engine_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
+        floor_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
         for _ in range(self.rounds):
-            for workers, engine_list, floor_list in (
-                (1, one_times, floor_times),
-                *(((2, two_times, floor2_times),) if two else ()),
-            ):
+            for name, workers, size, _note in modes:
                 run_ids = self.seed_due_runs(n)
                 self.copy_to_floor()
-                procs = self.start_workers("drain", workers)
-                seconds, _ = self.go(procs)
+                procs = self.start_workers("drain", workers, "--batch-size", str(size))
+                seconds, reports = self.go(procs)
+                if any(report["batch_size"] != size for report in reports):
+                    raise RuntimeError(f"{name}: the workers did not drain at BATCH_SIZE={size}")
                 self.verify_completed_once(run_ids)
-                engine_list.append(seconds)
+                engine_times[name].append(seconds)
                 procs = self.start_workers("floor", workers)
                 seconds, reports = self.go(procs)
                 done = sum(report["processed"] for report in reports)
                 if done != n:
                     raise RuntimeError(f"the SQL floor resumed {done} of {n} runs")
-                floor_list.append(seconds)
+                floor_times[name].append(seconds)
                 self.drop_floor()
                 self.cleanup()
-        self._ratio_result("drain", n, one_times, floor_times, "SQL floor, 1 process")
+        for name, workers, _size, note in modes:
+            label = f"SQL floor, {workers} process{'es' if workers > 1 else ''}"
+            self._ratio_result(name, n, engine_times[name], floor_times[name], label, note=note)
         if two:
-            self._ratio_result("drain_2", n, two_times, floor2_times, "SQL floor, 2 processes")
+            one_times, two_times = engine_times["drain"], engine_times["drain_2"]
             scaling = statistics.median(
                 one / two for one, two in zip(one_times, two_times, strict=True)
             )
@@ -536,6 +578,77 @@ class Bench:
                     "kumiko, 1 worker",
                 )
             )
+
+    def scenario_slow_step(self) -> None:
+        """Quick due runs beside one whose step sleeps: how long the quick ones wait to start.
+
+        ``N`` quick runs (the drain workflow) and one slow run, due before all
+        of them, are drained by two worker processes. A quick run's start lag
+        is its ``workflow.step.resumed`` event's ``created_at`` minus the
+        moment the workers were released.
+        """
+        from kumiko_workflows.store import append_event
+
+        if self.vendor != "postgresql":
+            self.skip("slow_step", "SQLite allows one writer: two workers need PostgreSQL")
+            return
+        n = self.size("slow_step")
+        walls: list[float] = []
+        p50s: list[float] = []
+        p95s: list[float] = []
+        maxes: list[float] = []
+        for _ in range(self.rounds):
+            # Started first: a wait until a past instant is due when it starts,
+            # so the slow run is the oldest due row, the first a worker claims.
+            key = f"slow-{uuid.uuid4().hex}"
+            append_event(
+                uuid.uuid4(),
+                SOURCE,
+                SLOW_TRIGGER,
+                {"key": key, "wake_at": timezone.now().isoformat(), "seconds": self.slow_seconds},
+                tenant_id=self.tenant,
+            )
+            slow = run_id_for(SLOW_WORKFLOW, key, self.tenant)
+            quick = self.seed_due_runs(n)
+            procs = self.start_workers("drain", 2)
+            released = timezone.now()
+            seconds, _ = self.go(procs)
+            self.verify_completed_once([*quick, slow])
+            lags = [
+                (resumed_at - released).total_seconds()
+                for resumed_at in Event.objects.filter(tenant_id=self.tenant, type=et.RESUMED)
+                .exclude(aggregate_id=slow)
+                .values_list("created_at", flat=True)
+            ]
+            walls.append(seconds)
+            p50s.append(_pct(lags, 50))
+            p95s.append(_pct(lags, 95))
+            maxes.append(max(lags))
+            self.cleanup()
+        p50, p95, most = (statistics.median(values) for values in (p50s, p95s, maxes))
+        seconds = statistics.median(walls)
+        self.emit(
+            Result(
+                "slow_step",
+                n,
+                seconds,
+                n / seconds,
+                extra={
+                    "quick_p50_s": p50,
+                    "quick_p95_s": p95,
+                    "quick_max_s": most,
+                    "slow_seconds": self.slow_seconds,
+                },
+                note=(
+                    f"quick runs start after p50 {p50:.3f} s, p95 {p95:.3f} s, "
+                    f"max {most:.3f} s; one step sleeps {self.slow_seconds:g} s"
+                ),
+            )
+        )
+        self.out(
+            f"SLOW_STEP quick_p50_s={p50:.3f} quick_p95_s={p95:.3f} quick_max_s={most:.3f} "
+            f"slow_s={self.slow_seconds:g}"
+        )
 
     def scenario_scan(self) -> None:
         not_due = self.size("scan")
@@ -778,6 +891,7 @@ class Bench:
         baseline: list[float],
         label: str,
         higher: bool = True,
+        note: str = "",
     ) -> None:
         # Ratio of throughputs, paired per round: engine rate / baseline rate.
         ratio = statistics.median(b / e for e, b in zip(engine, baseline, strict=True))
@@ -792,6 +906,7 @@ class Bench:
                 ratio,
                 label,
                 extra={"baseline_per_sec": n / base, "rounds": len(engine)},
+                note=note,
             )
         )
 
@@ -840,8 +955,18 @@ def production_mode() -> None:
     connection.force_debug_cursor = False
 
 
-def worker_main(mode: str, tenant: str, prefix: str, out: Callable[[str], None]) -> None:
+def worker_main(
+    mode: str,
+    tenant: str,
+    prefix: str,
+    out: Callable[[str], None],
+    batch_size: int | None = None,
+) -> None:
     production_mode()
+    if batch_size is not None:
+        # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
+        user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
+        settings.KUMIKO_WORKFLOWS = {**user, "BATCH_SIZE": batch_size}
     register_bench_workflows()
     connection.ensure_connection()
     if mode == "loop":
@@ -865,7 +990,12 @@ def worker_main(mode: str, tenant: str, prefix: str, out: Callable[[str], None])
     started = time.perf_counter()
     processed = _drain(tenant) if mode == "drain" else _floor(tenant, prefix)
     seconds = time.perf_counter() - started
-    report = {"processed": processed, "seconds": seconds, "hwm_kb": _hwm_kb()}
+    report = {
+        "processed": processed,
+        "seconds": seconds,
+        "hwm_kb": _hwm_kb(),
+        "batch_size": int(_setting("BATCH_SIZE")),
+    }
     out("DONE " + json.dumps(report))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from kumiko_workflows.management.arguments import positive_int
+from kumiko_workflows.management.arguments import positive_float, positive_int
 
 
 class Command(BaseCommand):
@@ -27,7 +27,7 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        from kumiko_workflows.bench import DEFAULT_N, SCENARIOS
+        from kumiko_workflows.bench import DEFAULT_N, SCENARIOS, SLOW_SECONDS
 
         parser.add_argument(
             "--scenario",
@@ -42,8 +42,16 @@ class Command(BaseCommand):
             "--n",
             type=positive_int,
             metavar="N",
-            help="Size of every scenario (memory drains N then 10*N runs). Default per "
-            f"scenario: {DEFAULT_N}, memory 5000 then 50000.",
+            help="Size of every scenario (memory drains N then 10*N runs; slow_step has N "
+            f"quick runs beside its slow one). Default per scenario: {DEFAULT_N}, memory 5000 "
+            "then 50000.",
+        )
+        parser.add_argument(
+            "--slow-seconds",
+            type=positive_float,
+            default=SLOW_SECONDS,
+            metavar="S",
+            help="How long the slow run's step sleeps in slow_step (default: %(default)s).",
         )
         parser.add_argument(
             "--rounds",
@@ -57,6 +65,9 @@ class Command(BaseCommand):
         parser.add_argument("--worker", help="internal: run as a worker process")
         parser.add_argument("--tenant", help="internal: the bench tenant of a worker")
         parser.add_argument("--prefix", help="internal: the scratch table prefix of a worker")
+        parser.add_argument(
+            "--batch-size", type=positive_int, help="internal: BATCH_SIZE of a drain worker"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["worker"]:
@@ -69,7 +80,13 @@ class Command(BaseCommand):
                 self.stdout.write(line)
                 self.stdout.flush()
 
-            worker_main(options["worker"], options["tenant"], options["prefix"], out)
+            worker_main(
+                options["worker"],
+                options["tenant"],
+                options["prefix"],
+                out,
+                batch_size=options["batch_size"],
+            )
             return
 
         from kumiko_workflows.bench import SCENARIOS, Bench, worker_environment
@@ -81,6 +98,7 @@ class Command(BaseCommand):
             out=self.stdout.write,
             worker_command=command,
             worker_env=env,
+            slow_seconds=options["slow_seconds"],
         )
         scenarios = options["scenarios"] or list(SCENARIOS)
         self.stdout.write(
