@@ -22,6 +22,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from kumiko_workflows import db
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import Workflow, parse_path, registry
@@ -346,13 +347,7 @@ def _connection_broken() -> bool:
 
 def _claim(tenant: str, now: datetime, passed_over: set[int]) -> WorkflowRunPending | None:
     """Lock the tenant's next due row that nobody holds, or None."""
-    query = WorkflowRunPending.objects.for_tenant(tenant).due(now)
-    if passed_over:
-        query = query.exclude(pk__in=passed_over)
-    query = query.order_by("wake_at", "id")
-    if connection.features.has_select_for_update_skip_locked:
-        query = query.select_for_update(skip_locked=True)
-    return query.first()
+    return db.claim_due(tenant, now, passed_over)
 
 
 def _commits_per_run(row: WorkflowRunPending) -> bool:
