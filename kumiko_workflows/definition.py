@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kumiko_workflows import durations, matching
+from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     InvalidDuration,
@@ -367,6 +368,8 @@ def _hash(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS})
+
 #: How a worker commits the resumes of a workflow's runs: with others in a
 #: batch (fast), or each on its own (a killed worker repeats no other run).
 COMMIT_MODES = ("batch", "per_run")
@@ -413,6 +416,13 @@ class Workflow:
                 raise WorkflowDefinitionError(
                     f"workflow {name!r}: awaits maps keys to event types (strings), "
                     f"got {key!r}: {event_type!r}"
+                )
+            if event_type in ENGINE_EVENT_TYPES:
+                # Engine events live in engine streams, which the look-back
+                # (and the payload index it uses) leaves out.
+                raise WorkflowDefinitionError(
+                    f"workflow {name!r}: awaits[{key!r}] is the engine's own event type "
+                    f"{event_type!r}; await a domain event instead"
                 )
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise WorkflowDefinitionError(

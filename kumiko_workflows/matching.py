@@ -235,14 +235,17 @@ def canonical_value(value: Any) -> str | None:
     ``1`` are not and do not. Strings keep their JSON quotes, so ``"1"`` and
     ``1`` differ too.
     """
+    # Subclasses (an IntEnum, a str Enum) are spelled as their plain value,
+    # as matches() compares them.
     if value is None or isinstance(value, bool):
-        return json.dumps(value)
+        return json.dumps(None if value is None else bool(value))
     if isinstance(value, int):
-        return str(value)
+        return int.__repr__(value)
     if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else repr(value)
+        number = float(value)
+        return int.__repr__(int(number)) if number.is_integer() else float.__repr__(number)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(str.__str__(value), ensure_ascii=False)
     return None
 
 

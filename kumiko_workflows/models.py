@@ -179,18 +179,16 @@ class WorkflowRunPendingQuerySet(models.QuerySet):
     def for_tenant(self, tenant_id: str | None) -> WorkflowRunPendingQuerySet:
         return self if tenant_id is None else self.filter(tenant_id=tenant_id)
 
-    def candidates(self, tenant_id: str, event_type: str, keys: set[tuple[str, str]]) -> Any:
+    def candidates(
+        self, tenant_id: str, event_type: str, keys: set[tuple[str, str]]
+    ) -> list[WorkflowRunPendingQuerySet]:
         """``wait_for_event`` rows an event of the tenant offering ``keys`` may end.
 
-        Those stored under one of the keys, and those whose match requires no
-        equality (the scan path). Two lookups, each by its own index (one OR
-        of both would scan every waiting row), then one query by id.
+        Those whose match requires no equality (the scan path) and those
+        stored under one of the keys: two querysets, each served by its own
+        index (one OR of both would scan every waiting row).
         """
-        ids = list(
-            self.filter(tenant_id=tenant_id, match_scan=True)
-            .waiting_for(event_type)
-            .values_list("pk", flat=True)
-        )
+        found = [self.filter(tenant_id=tenant_id, match_scan=True).waiting_for(event_type)]
         if keys:
             offered = Q()
             for path, value in keys:
@@ -198,12 +196,12 @@ class WorkflowRunPendingQuerySet(models.QuerySet):
             stored = WorkflowWaitKey.objects.filter(
                 offered, tenant_id=tenant_id, event_type=event_type
             )
-            ids += (
-                self.filter(tenant_id=tenant_id, run_id__in=stored.values("run_id"))
-                .waiting_for(event_type)
-                .values_list("pk", flat=True)
+            found.append(
+                self.filter(tenant_id=tenant_id, run_id__in=stored.values("run_id")).waiting_for(
+                    event_type
+                )
             )
-        return self.filter(pk__in=ids).waiting_for(event_type).order_by("pk"), len(ids)
+        return [rows.order_by("pk") for rows in found]
 
 
 class WorkflowRunPending(models.Model):
@@ -235,9 +233,11 @@ class WorkflowRunPending(models.Model):
     awaits_key = models.CharField(max_length=200, blank=True, default="")
     match_expr = models.JSONField(null=True, blank=True)
     awaited_event_id = models.BigIntegerField(null=True, blank=True)
+    # db_default True: a row written by code that predates wait keys (a
+    # rolling deploy) has none, so it must be scanned to be found at all.
     match_scan = models.BooleanField(
         default=False,
-        db_default=False,
+        db_default=True,
         help_text="The match requires no equality, so every event of the type is evaluated.",
     )
     trigger_event_id = models.BigIntegerField(null=True, blank=True)
@@ -290,8 +290,7 @@ class WorkflowWaitKey(models.Model):
     (``user.verified``, ``["user_id"]``, ``42``); one that accepts any of
     several values (``in``, ``or``) under each. Written by the pending
     projection with the ``waiting-for-event`` event, so it rebuilds from the
-    run streams; rows of a run that moved on are harmless (lookups join the
-    pending table) and go when the run waits again or ends.
+    run streams, and deleted when that wait resumes or the run ends.
     """
 
     id = models.BigAutoField(primary_key=True)

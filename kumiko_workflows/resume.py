@@ -55,7 +55,7 @@ from kumiko_workflows.streams import (
     fail_run,
     raised,
 )
-from kumiko_workflows.wakeups import decide_waiting_checks, look_back, look_back_floor
+from kumiko_workflows.wakeups import decide_waiting_checks, look_back, taken_by_run
 
 logger = logging.getLogger("kumiko_workflows.resume")
 
@@ -247,7 +247,8 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
                 row.tenant_id,
                 row.wait_event_type,
                 row.match_expr,
-                look_back_floor(trigger.id, awaited),
+                trigger.id,
+                taken_by_run(awaited),
                 until=row.timeout_at,
             )
         ctx.steps[row.awaits_key] = awaited_event.payload if awaited_event else None
@@ -310,7 +311,8 @@ def resume_due_runs(
 ) -> ResumeReport:
     """Resume every due run (of one tenant, or all), oldest first.
 
-    Rows are claimed ``KUMIKO_WORKFLOWS['BATCH_SIZE']`` at a time per
+    Wake-up checks left for later are decided first. Rows are claimed one at
+    a time and committed up to ``KUMIKO_WORKFLOWS['BATCH_SIZE']`` per
     transaction (see :func:`_drain_tenant`). A failing step fails its run; a
     row that raises (an infrastructure error) is logged and counted in
     ``errors`` and does not stop the others. ``now`` defaults to
@@ -382,13 +384,6 @@ def _drain_tenant(
         size = batch_size if remaining is None else min(batch_size, remaining)
         batch = ResumeReport()
         drained = False
-        if size == 1:
-            # A transaction of one run needs no savepoint of its own.
-            row = _resume_alone(tenant, now, clock, batch, passed_over)
-            report.add(batch)
-            if row is None or should_stop():
-                return
-            continue
         with transaction.atomic():
             deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
             for index in range(size):
@@ -410,54 +405,6 @@ def _drain_tenant(
         report.add(batch)
         if drained:
             return
-
-
-def _resume_alone(
-    tenant: str,
-    now: datetime,
-    clock: Callable[[], datetime],
-    batch: ResumeReport,
-    passed_over: set[int],
-) -> WorkflowRunPending | None:
-    """Claim and resume one row in a transaction of its own; None when none is due.
-
-    The transaction is the run's savepoint: a failure rolls it back whole,
-    and is recorded in a transaction of its own after it (by the stream
-    version, so a worker that claimed the row meanwhile wins cleanly).
-    """
-    row: WorkflowRunPending | None = None
-    try:
-        with transaction.atomic():
-            row = _claim(tenant, now, passed_over)
-            if row is None:
-                return None
-            outcome, claimed = resume_row(row, clock())
-    except SegmentFailed as failed:
-        try:
-            with transaction.atomic():
-                failed.record()
-        except VersionConflict:
-            outcome, claimed = "skipped", False
-        else:
-            outcome, claimed = "failed", True
-    except Exception as exc:
-        if row is None or _connection_broken():
-            raise
-        logger.exception(
-            "run=%s step=%s tenant=%s could not be resumed", row.run_id, row.step, tenant
-        )
-        passed_over.add(row.pk)
-        with transaction.atomic():
-            gave_up = _resume_raised(row, exc)
-        batch.failed += gave_up
-        batch.errors += not gave_up
-        return row
-    assert row is not None  # claimed, or the block returned None above
-    if outcome == "skipped":
-        passed_over.add(row.pk)
-    batch.resumed += claimed
-    setattr(batch, outcome, getattr(batch, outcome) + 1)
-    return row
 
 
 def _resume_in_batch(

@@ -245,7 +245,8 @@ class Executor:
             self.ctx.tenant_id,
             event_type,
             match,
-            wakeups.look_back_floor(self.ctx.event.id, self.ctx.awaited),
+            self.ctx.event.id,
+            wakeups.taken_by_run(self.ctx.awaited),
         )
         if found is not None:
             self.ctx.steps[step.awaits_key] = found.payload

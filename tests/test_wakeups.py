@@ -6,6 +6,7 @@ tested without a database; the rest through ``append_event`` on real rows.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from datetime import timedelta
 
@@ -121,8 +122,7 @@ def _candidates_and_queries(event) -> tuple[int, int]:
     from kumiko_workflows.wakeups import _candidates
 
     with CaptureQueriesContext(connection) as queries:
-        rows, count = _candidates(event)
-        rows = list(rows)
+        rows = [row for candidates in _candidates(event) for row in candidates]
     return len(rows), len(queries)
 
 
@@ -204,3 +204,94 @@ def test_look_back_finds_the_in_time_event_behind_20000_others_of_its_type():
     after = Event.objects.get(type="t.recorded", aggregate_id=start.aggregate_id)
     assert after.payload["steps"]["verified"] == {"user_id": "needle"}
     assert needle.id > start.id
+
+
+# --- what the review of the first cut found -------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_int_enum_in_a_payload_offers_the_same_key_as_its_number():
+    class Code(enum.IntEnum):
+        SEVEN = 7
+
+    class Name(enum.StrEnum):
+        ANA = "ana"
+
+    assert canonical_value(Code.SEVEN) == canonical_value(7)
+    assert canonical_value(Name.ANA) == canonical_value("ana")
+    run_id = _wait("7")
+    # The payload value is a str Enum: matches() compares it as the string.
+    append_event(uuid.uuid4(), "user", "t.verified", {"user_id": Name("ana")})
+    append_event(uuid.uuid4(), "user", "t.verified", {"user_id": _Seven.SEVEN})
+    resume_due_runs()
+    assert types_of(run_id)[-1] == et.RUN_COMPLETED
+
+
+class _Seven(enum.StrEnum):
+    SEVEN = "7"
+
+
+def _approval(by):
+    return {
+        "version": 1,
+        "expr": {"kind": "atom", "path": ["by"], "op": {"kind": "eq", "value": by}},
+    }
+
+
+def _first_approval(ctx):
+    return _approval("a")
+
+
+def _second_approval(ctx):
+    return _approval("b")
+
+
+@pytest.mark.django_db
+def test_a_second_wait_takes_an_earlier_event_the_first_wait_did_not_take():
+    from kumiko_workflows import define_workflow, on_event, steps
+    from kumiko_workflows.definition import registry
+    from tests.testapp import workflows as w
+
+    two_approvals = define_workflow(
+        name="t-two-approvals",
+        trigger=on_event("t.needs-approvals"),
+        idempotency_key=w.run_key,
+        awaits={"a": "t.approved", "b": "t.approved"},
+        steps=[
+            steps.wait_for_event("a", match=_first_approval, timeout="P1D"),
+            steps.wait_for_event("b", match=_second_approval, timeout="P1D"),
+            steps.compute("after", w.record("after")),
+        ],
+        register=False,
+    )
+    with registry.override(two_approvals):
+        start = trigger("t.needs-approvals")
+        run_id = run_id_for("t-two-approvals", start.payload["run_key"])
+        by_b = append_event(uuid.uuid4(), "user", "t.approved", {"by": "b"})  # first in time
+        by_a = append_event(uuid.uuid4(), "user", "t.approved", {"by": "a"})
+        resume_due_runs()
+        resume_due_runs()
+
+    assert types_of(run_id)[-1] == et.RUN_COMPLETED
+    resumed = [
+        e.payload["awaited_event_id"]
+        for e in Event.objects.filter(aggregate_id=run_id, type=et.RESUMED)
+    ]
+    assert resumed == [by_a.id]  # the second wait took by_b at once, by look-back
+    after = Event.objects.get(type="t.recorded", aggregate_id=start.aggregate_id)
+    assert after.payload["steps"]["b"] == {"by": "b"}
+    assert by_b.id < by_a.id
+
+
+def test_the_engines_own_event_types_cannot_be_awaited():
+    from kumiko_workflows import define_workflow, on_event, steps
+    from kumiko_workflows.exceptions import WorkflowDefinitionError
+
+    with pytest.raises(WorkflowDefinitionError, match="engine's own event type"):
+        define_workflow(
+            name="t-awaits-engine",
+            trigger=on_event("t.x"),
+            awaits={"done": et.RUN_COMPLETED},
+            steps=[steps.wait_for_event("done")],
+            register=False,
+        )

@@ -5,9 +5,6 @@ from django.db import migrations, models
 
 
 
-GIN_INDEX = "kw_event_payload_gin"
-
-
 def store_wait_keys(apps, schema_editor):
     """Waits suspended before keys existed: store their keys, or put them on the scan path."""
     from kumiko_workflows import matching
@@ -37,22 +34,6 @@ def store_wait_keys(apps, schema_editor):
             )
             for path, value in sorted(keys)
         )
-
-
-def create_payload_index(apps, schema_editor):
-    """PostgreSQL: a GIN index on domain events' payloads, for the keyed look-back."""
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    schema_editor.execute(
-        f"CREATE INDEX IF NOT EXISTS {GIN_INDEX} ON kumiko_workflows_event "
-        "USING gin (payload jsonb_path_ops) "
-        "WHERE aggregate_type NOT IN ('workflow-run', 'workflow-schedule')"
-    )
-
-
-def drop_payload_index(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"DROP INDEX IF EXISTS {GIN_INDEX}")
 
 
 class Migration(migrations.Migration):
@@ -97,7 +78,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='workflowrunpending',
             name='match_scan',
-            field=models.BooleanField(db_default=False, default=False, help_text='The match requires no equality, so every event of the type is evaluated.'),
+            field=models.BooleanField(db_default=True, default=False, help_text='The match requires no equality, so every event of the type is evaluated.'),
         ),
         migrations.AddIndex(
             model_name='workflowrunpending',
@@ -120,5 +101,4 @@ class Migration(migrations.Migration):
             index=models.Index(fields=['tenant_id', 'run_id'], name='kw_waitkey_run'),
         ),
         migrations.RunPython(store_wait_keys, migrations.RunPython.noop),
-        migrations.RunPython(create_payload_index, drop_payload_index),
     ]
