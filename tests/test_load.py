@@ -120,10 +120,11 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
         # The pending projection of the waiting event.
         f"""INSERT INTO {pending} (tenant_id, run_id, step, workflow_name, suspension_type,
                wake_at, timeout_at, retry_attempt, definition_fingerprint, wait_event_type,
-               awaits_key, match_expr, awaited_event_id, trigger_event_id, run_version, state,
-               suspended_at, due_since)
+               awaits_key, match_expr, awaited_event_id, match_scan, trigger_event_id,
+               run_version, state, suspended_at, due_since)
         SELECT w.tenant_id, w.aggregate_id, '0', %(name)s, 'wait', %(wake_at)s, NULL, 0,
-               %(fingerprint)s, '', '', NULL, NULL, (w.payload ->> 'trigger_event_id')::bigint,
+               %(fingerprint)s, '', '', NULL, NULL, false,
+               (w.payload ->> 'trigger_event_id')::bigint,
                2, w.payload -> 'state', w.created_at, NULL
         FROM {event} w
         WHERE w.tenant_id = %(tenant)s AND w.aggregate_id = ANY(%(runs)s::uuid[])
