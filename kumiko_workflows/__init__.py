@@ -25,8 +25,19 @@ _EXPORTS = {
     "event_types": "kumiko_workflows.event_types",
     "append_event": "kumiko_workflows.store",
     "load_stream": "kumiko_workflows.store",
-    "VersionConflict": "kumiko_workflows.exceptions",
+    "WorkflowError": "kumiko_workflows.exceptions",
+    "InvalidEvent": "kumiko_workflows.exceptions",
     "StreamIdentityError": "kumiko_workflows.exceptions",
+    "VersionConflict": "kumiko_workflows.exceptions",
+    "AppendOnlyError": "kumiko_workflows.exceptions",
+    "WorkflowDefinitionError": "kumiko_workflows.exceptions",
+    "InvalidDuration": "kumiko_workflows.exceptions",
+    "InvalidMatchExpression": "kumiko_workflows.exceptions",
+    "RunNotFound": "kumiko_workflows.exceptions",
+    "RunNotRetryable": "kumiko_workflows.exceptions",
+    "ScheduleError": "kumiko_workflows.exceptions",
+    "InvalidArgument": "kumiko_workflows.exceptions",
+    "RunContext": "kumiko_workflows.runner",
     "resume_due_runs": "kumiko_workflows.resume",
     "cancel_run": "kumiko_workflows.resume",
     "wake_run": "kumiko_workflows.resume",
@@ -35,8 +46,19 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AppendOnlyError",
+    "InvalidArgument",
+    "InvalidDuration",
+    "InvalidEvent",
+    "InvalidMatchExpression",
+    "RunContext",
+    "RunNotFound",
+    "RunNotRetryable",
+    "ScheduleError",
     "StreamIdentityError",
     "VersionConflict",
+    "WorkflowDefinitionError",
+    "WorkflowError",
     "__version__",
     "append_event",
     "cancel_run",
@@ -57,8 +79,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiko_workflows import event_types, steps
     from kumiko_workflows.cron import fire_due_schedules
     from kumiko_workflows.definition import define_workflow, on_cron, on_event, run_id_for
-    from kumiko_workflows.exceptions import StreamIdentityError, VersionConflict
+    from kumiko_workflows.exceptions import (
+        AppendOnlyError,
+        InvalidArgument,
+        InvalidDuration,
+        InvalidEvent,
+        InvalidMatchExpression,
+        RunNotFound,
+        RunNotRetryable,
+        ScheduleError,
+        StreamIdentityError,
+        VersionConflict,
+        WorkflowDefinitionError,
+        WorkflowError,
+    )
     from kumiko_workflows.resume import cancel_run, resume_due_runs, retry_run, wake_run
+    from kumiko_workflows.runner import RunContext
     from kumiko_workflows.store import append_event, load_stream
 
 
