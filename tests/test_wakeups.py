@@ -296,10 +296,3 @@ def test_the_engines_own_event_types_cannot_be_awaited():
             register=False,
         )
 
-
-def test_the_exceptions_the_api_raises_and_the_run_context_are_importable_from_the_package():
-    import kumiko_workflows
-
-    for name in ("RunNotFound", "RunNotRetryable", "InvalidEvent", "InvalidArgument", "RunContext"):
-        assert name in kumiko_workflows.__all__
-        assert getattr(kumiko_workflows, name).__name__ == name
