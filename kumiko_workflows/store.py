@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
@@ -34,7 +34,7 @@ from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
 from kumiko_workflows.jsonvalues import NotJSON, json_size, text_problem, to_json
 from kumiko_workflows.models import Event
-from kumiko_workflows.projections import registry
+from kumiko_workflows.projections import others_listen_to_post_save, registry
 
 _NEXT_VERSION_ATTEMPTS = 3
 
@@ -104,8 +104,19 @@ def name_problem(value: Any, column: str, *, blank: bool = False) -> str | None:
     return text_problem(value, controls=False)
 
 
+@functools.lru_cache(maxsize=1024)
+def _known_name_problem(value: str, column: str, blank: bool) -> str | None:
+    return name_problem(value, column, blank=blank)
+
+
 def _name(value: Any, column: str, *, blank: bool = False) -> str:
-    problem = name_problem(value, column, blank=blank)
+    # Names repeat (event types, aggregate types, tenants): each is checked
+    # once while it stays among the last 1,024 seen. Only strings that fit
+    # the column are remembered, so the cache holds no large input.
+    if type(value) is str and len(value) <= _max_length(column):
+        problem = _known_name_problem(value, column, blank)
+    else:
+        problem = name_problem(value, column, blank=blank)
     if problem:
         raise InvalidEvent(f"{column} {problem}")
     return value
@@ -198,22 +209,29 @@ def append_event(
         # The event takes expected_version + 1, which must fit the column too.
         _counter(expected_version, "expected_version", 0, _column_max("version") - 1)
     _counter(event_version, "event_version", 1, _column_max("event_version"))
-    if created_at is not None and not isinstance(created_at, datetime):
+    if created_at is None:
+        created_at = _fields().created_at.get_default()
+    elif not isinstance(created_at, datetime):
         raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
-    if created_at is not None and (created_at.tzinfo is None or created_at.utcoffset() is None):
+    elif created_at.tzinfo is None or created_at.utcoffset() is None:
         raise InvalidEvent(f"created_at is a naive datetime ({created_at.isoformat()})")
+    # The next version is only known once inserted.
+    version: Any = None if expected_version is None else expected_version + 1
+    # Positional, in field order (_FIELDS): the keyword form looks up every
+    # field by name and calls each default.
     event = Event(
-        tenant_id=tenant,
-        aggregate_id=aggregate,
-        aggregate_type=aggregate_type,
-        type=type,
-        event_version=event_version,
-        payload=clean_payload,
-        metadata=clean_metadata,
-        created_by=created_by,
+        None,
+        tenant,
+        aggregate,
+        aggregate_type,
+        version,
+        type,
+        event_version,
+        clean_payload,
+        clean_metadata,
+        created_by,
+        created_at,
     )
-    if created_at is not None:
-        event.created_at = created_at
     # The engine's right to write its streams covers this append only, not the
     # appends of the projections it sets off: a workflow triggered by a run
     # event runs its (user) steps there.
@@ -236,11 +254,28 @@ _COLUMNS = (
     "created_by",
     "created_at",
 )
+#: Event's fields in the order ``Event(*values)`` takes them: the columns
+#: above with the id first and the version after the aggregate type.
+_FIELDS = ("id", *_COLUMNS[:3], "version", *_COLUMNS[3:])
+
+
+class _AdaptedFields(NamedTuple):
+    """The fields whose values the database may want in another form."""
+
+    aggregate_id: Field
+    payload: Field
+    metadata: Field
+    created_at: Field
 
 
 @functools.cache
-def _column_fields() -> list[Field]:
-    return [cast(Field, Event._meta.get_field(name)) for name in _COLUMNS]
+def _fields() -> _AdaptedFields:
+    order = tuple(field.attname for field in Event._meta.concrete_fields)
+    if order != _FIELDS:  # a changed model: append_event builds Events by position
+        raise AssertionError(f"Event's fields are {order}, append_event expects {_FIELDS}")
+    return _AdaptedFields(
+        *(cast(Field, Event._meta.get_field(name)) for name in _AdaptedFields._fields)
+    )
 
 
 @functools.cache
@@ -271,7 +306,12 @@ def _insert_sql(vendor: str, shape: str) -> str:
     stream = "tenant_id = %s AND aggregate_id = %s"
     version = "%s"
     if shape == "next":
-        version = f"COALESCE((SELECT MAX(version) FROM {table} WHERE {stream}), 0) + 1"  # noqa: S608
+        # Not MAX(version): PostgreSQL plans that as this very index probe,
+        # after planning the aggregate first.
+        version = (
+            f"COALESCE((SELECT version FROM {table} WHERE {stream} "  # noqa: S608
+            "ORDER BY version DESC LIMIT 1), 0) + 1"
+        )
     if shape == "after":
         condition = (
             f"EXISTS (SELECT 1 FROM {table} WHERE {stream} "  # noqa: S608
@@ -296,16 +336,31 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
     that raises takes the row with it. With ``savepoint=False`` that block
     is the caller's (which must then be unwound when the error propagates,
     as every engine caller does); with no projection for the type there is
-    nothing to undo and the insert is one statement. Only when no row comes
-    back does a second query find out why (:func:`_refusal`).
+    nothing to undo and the insert is one statement, and ``post_save`` is
+    only sent if someone besides the projections listens. Only when no row
+    comes back does a second query find out why (:func:`_refusal`).
     """
     db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection, not one per use
-    values = [field.get_db_prep_save(field.pre_save(event, True), db) for field in _column_fields()]
-    tenant, aggregate, aggregate_type = values[0], values[1], values[2]
+    fields = _fields()
+    tenant, aggregate_type = event.tenant_id, event.aggregate_type
+    aggregate = fields.aggregate_id.get_db_prep_save(event.aggregate_id, db)
+    # The names are validated strings and the event version an int (as the
+    # field's own preparation would make it); the fields adapt the rest.
+    values = [
+        tenant,
+        aggregate,
+        aggregate_type,
+        event.type,
+        int(event.event_version),
+        fields.payload.get_db_prep_save(event.payload, db),
+        fields.metadata.get_db_prep_save(event.metadata, db),
+        event.created_by,
+        fields.created_at.get_db_prep_save(event.created_at, db),
+    ]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
         sql, params = _insert_sql(db.vendor, "next"), [*values, tenant, aggregate, *foreign]
-    elif expected_version == 0 and event.aggregate_type in ENGINE_STREAMS:
+    elif expected_version == 0 and aggregate_type in ENGINE_STREAMS:
         sql, params = _insert_sql(db.vendor, "new_engine"), [*values, 1]
     elif expected_version == 0:
         sql, params = _insert_sql(db.vendor, "new"), [*values, 1, *foreign]
@@ -313,8 +368,6 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
         sql = _insert_sql(db.vendor, "after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
         params = [*values, expected_version + 1, *previous]
-    if expected_version is not None:
-        event.version = expected_version + 1
     projected = registry.handles(event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
@@ -328,14 +381,15 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
                 event.pk, event.version = row
                 event._state.adding = False
                 event._state.db = db.alias
-                post_save.send(
-                    sender=Event,
-                    instance=event,
-                    created=True,
-                    update_fields=None,
-                    raw=False,
-                    using=db.alias,
-                )
+                if projected or others_listen_to_post_save():
+                    post_save.send(
+                        sender=Event,
+                        instance=event,
+                        created=True,
+                        update_fields=None,
+                        raw=False,
+                        using=db.alias,
+                    )
                 return
         refusal = _refusal(event, expected_version)
         if refusal is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import subprocess
 import sys
@@ -9,9 +10,11 @@ import textwrap
 import time
 import uuid
 from datetime import UTC, date, datetime, timedelta, timezone
+from types import MappingProxyType
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import VersionConflict, append_event, load_stream
 from kumiko_workflows.exceptions import AppendOnlyError, InvalidEvent
@@ -309,6 +312,29 @@ def test_bad_input_is_refused_with_its_message_and_no_row(overrides, message):
     assert append(stream).version == 2
 
 
+def test_key_paths_run_through_tuples_other_mappings_and_subclasses():
+    class Label(str):
+        pass
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    payload = {"a": (1, MappingProxyType({Label("b"): [Level.HIGH, Opaque()]}))}
+
+    with pytest.raises(InvalidEvent, match=r"^payload\['a'\]\[1\]\['b'\]\[1\] is a Opaque,"):
+        append(new_stream(), payload=payload)
+    event = append(new_stream(), payload={"a": (1, MappingProxyType({Label("b"): [Level.HIGH]}))})
+    assert Event.objects.get(pk=event.pk).payload == {"a": [1, {"b": [3]}]}
+
+
+def test_a_refused_name_is_refused_again_with_the_same_message():
+    for _ in range(2):
+        with pytest.raises(InvalidEvent, match=r"^type contains a control character \('\\n' at"):
+            append(new_stream(), "t.a\nb")
+        with pytest.raises(InvalidEvent, match="^tenant_id must be a non-empty string, got ' '"):
+            append(new_stream(), tenant_id=" ")
+
+
 def test_payload_over_the_size_limit_is_refused(settings):
     settings.KUMIKO_WORKFLOWS = {"MAX_PAYLOAD_BYTES": 40}
     stream = new_stream()
@@ -457,6 +483,99 @@ def test_bulk_create_bypasses_the_projections(projection):
 
     append(stream, "t.bulk")
     assert len(seen) == 1
+
+
+# --- the site's own signal receivers ---------------------------------------------
+
+
+class Recorder:
+    """A receiver of a model signal that records each event it is sent."""
+
+    def __init__(self, signal, sender, asynchronous):
+        self.signal, self.sender, self.seen = signal, sender, []
+
+        async def record_async(**kwargs):
+            self.record(**kwargs)
+
+        self.function = record_async if asynchronous else self.record
+        signal.connect(self.function, sender=sender, weak=False)
+
+    def record(self, sender, instance, **kwargs):
+        if isinstance(instance, Event):  # (sender=None: sent for every model)
+            self.seen.append((instance, instance.pk, instance.version, kwargs.get("created")))
+
+    def disconnect(self):
+        self.signal.disconnect(self.function, sender=self.sender)
+
+
+@pytest.fixture
+def receiver():
+    """Connect a recording receiver to a model signal for the test."""
+    recorders = []
+
+    def connect(signal, sender=Event, *, asynchronous=False):
+        recorders.append(Recorder(signal, sender, asynchronous))
+        return recorders[-1]
+
+    yield connect
+    for recorder in recorders:
+        recorder.disconnect()
+
+
+@pytest.mark.parametrize("sender", [Event, None], ids=["for Event", "for every model"])
+def test_a_sites_own_receivers_see_an_event_no_projection_handles(receiver, sender):
+    assert not projections.handles("t.unprojected")
+    before = receiver(pre_save, sender)
+    after = receiver(post_save, sender)
+
+    event = append(new_stream(), "t.unprojected")
+
+    assert before.seen == [(event, None, None, None)]
+    assert after.seen == [(event, event.pk, 1, True)]
+
+
+def test_an_async_receiver_sees_an_event_no_projection_handles(receiver):
+    after = receiver(post_save, asynchronous=True)
+
+    event = append(new_stream(), "t.unprojected")
+
+    assert after.seen == [(event, event.pk, 1, True)]
+
+
+def test_receivers_connected_and_disconnected_between_appends_are_honoured(receiver):
+    stream = new_stream()
+    append(stream, "t.unprojected")
+    after = receiver(post_save)
+
+    second = append(stream, "t.unprojected")
+    after.disconnect()
+    append(stream, "t.unprojected")
+
+    assert after.seen == [(second, second.pk, 2, True)]
+
+
+def test_projections_and_a_sites_receiver_both_see_a_projected_event(receiver, projection):
+    seen = []
+    projection("test.both", {"t.both"}, lambda event, replaying: seen.append(event.pk))
+    after = receiver(post_save)
+
+    event = append(new_stream(), "t.both")
+
+    assert seen == [event.pk]
+    assert after.seen == [(event, event.pk, 1, True)]
+
+
+def test_post_save_is_not_sent_for_a_type_nobody_listens_for(monkeypatch, projection):
+    dispatched = []
+    monkeypatch.setattr(projections, "dispatch", lambda event, **kw: dispatched.append(event.type))
+    projection("test.listened", {"t.listened"}, lambda event, replaying: None)
+
+    unprojected = append(new_stream(), "t.unprojected")
+    append(new_stream(), "t.listened")
+
+    assert dispatched == ["t.listened"]
+    assert (unprojected.pk, unprojected.version) == (Event.objects.get(pk=unprojected.pk).pk, 1)
+    assert not unprojected._state.adding
 
 
 # --- two real processes race for one version (PostgreSQL) ----------------------
