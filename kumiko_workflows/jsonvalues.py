@@ -155,7 +155,16 @@ def text_problem(text: str, *, controls: bool = True) -> str | None:
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
+def compact_json(value: Any) -> str:
+    """``value`` (plain JSON types, as :func:`to_json` returns) as compact JSON text."""
+    return _COMPACT.encode(value)
+
+
+def text_size(text: str) -> int:
+    """The size of ``text`` in UTF-8 bytes."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def json_size(value: Any) -> int:
     """The size of ``value`` as compact JSON, in UTF-8 bytes."""
-    text = _COMPACT.encode(value)
-    return len(text) if text.isascii() else len(text.encode())
+    return text_size(compact_json(value))

@@ -32,7 +32,7 @@ from django.db.models.signals import post_save, pre_save
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
-from kumiko_workflows.jsonvalues import NotJSON, json_size, text_problem, to_json
+from kumiko_workflows.jsonvalues import NotJSON, compact_json, text_problem, text_size, to_json
 from kumiko_workflows.models import Event
 from kumiko_workflows.projections import others_listen_to_post_save, registry
 
@@ -137,23 +137,25 @@ def _counter(value: Any, what: str, low: int, high: int) -> None:
         raise InvalidEvent(f"{what} must be at most {high}, got {_shown(value)}")
 
 
-def _json_object(value: Any, what: str) -> dict[str, Any]:
+def _json_object(value: Any, what: str) -> tuple[dict[str, Any], str]:
+    """``value`` as plain JSON types, and as the JSON text that is stored."""
     if value is None:
-        return {}
+        return {}, "{}"
     if not isinstance(value, Mapping):
         raise InvalidEvent(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
     try:
         clean = to_json(value, what)
     except NotJSON as exc:
         raise InvalidEvent(str(exc)) from None
+    text = compact_json(clean)
     limit = workflow_settings.MAX_PAYLOAD_BYTES
-    size = json_size(clean)
+    size = text_size(text)
     if size > limit:
         raise InvalidEvent(
             f"{what} is {size} bytes of JSON, over the limit of {limit} bytes "
             "(KUMIKO_WORKFLOWS['MAX_PAYLOAD_BYTES'])"
         )
-    return clean
+    return clean, text
 
 
 def append_event(
@@ -203,8 +205,8 @@ def append_event(
         workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id"
     )
     created_by = "" if created_by is None else _name(created_by, "created_by", blank=True)
-    clean_payload = _json_object(payload, "payload")
-    clean_metadata = _json_object(metadata, "metadata")
+    clean_payload, payload_text = _json_object(payload, "payload")
+    clean_metadata, metadata_text = _json_object(metadata, "metadata")
     if expected_version is not None:
         # The event takes expected_version + 1, which must fit the column too.
         _counter(expected_version, "expected_version", 0, _column_max("version") - 1)
@@ -237,7 +239,7 @@ def append_event(
     # event runs its (user) steps there.
     token = _engine_writing.set(False)
     try:
-        _insert(event, expected_version, savepoint=savepoint)
+        _insert(event, expected_version, (payload_text, metadata_text), savepoint=savepoint)
     finally:
         _engine_writing.reset(token)
     return event
@@ -263,8 +265,6 @@ class _AdaptedFields(NamedTuple):
     """The fields whose values the database may want in another form."""
 
     aggregate_id: Field
-    payload: Field
-    metadata: Field
     created_at: Field
 
 
@@ -329,10 +329,13 @@ def _insert_sql(vendor: str, shape: str) -> str:
     return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
 
 
-def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> None:
+def _insert(
+    event: Event, expected_version: int | None, json_texts: tuple[str, str], *, savepoint: bool
+) -> None:
     """Insert ``event`` and dispatch ``pre_save``/``post_save`` (the projections).
 
-    The insert and the projections share one atomic block, so a projection
+    ``json_texts`` are the event's payload and metadata as stored. The
+    insert and the projections share one atomic block, so a projection
     that raises takes the row with it. With ``savepoint=False`` that block
     is the caller's (which must then be unwound when the error propagates,
     as every engine caller does); with no projection for the type there is
@@ -344,16 +347,22 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
     fields = _fields()
     tenant, aggregate_type = event.tenant_id, event.aggregate_type
     aggregate = fields.aggregate_id.get_db_prep_save(event.aggregate_id, db)
+    if isinstance(aggregate, uuid.UUID):
+        # A native uuid column reads the text as well, and the statement
+        # names the stream up to three times: psycopg binds a string
+        # client-side for a fraction of what it spends on a UUID.
+        aggregate = str(aggregate)
     # The names are validated strings and the event version an int (as the
-    # field's own preparation would make it); the fields adapt the rest.
+    # field's own preparation would make it). The payload and metadata go as
+    # the JSON text their size was measured on (the JSON field would encode
+    # them again), which a jsonb column takes like any literal.
     values = [
         tenant,
         aggregate,
         aggregate_type,
         event.type,
         int(event.event_version),
-        fields.payload.get_db_prep_save(event.payload, db),
-        fields.metadata.get_db_prep_save(event.metadata, db),
+        *json_texts,
         event.created_by,
         fields.created_at.get_db_prep_save(event.created_at, db),
     ]

@@ -182,6 +182,19 @@ def test_aware_datetimes_dates_uuids_and_tuples_are_stored_as_json():
     assert Event.objects.get(pk=event.pk).payload == expected
 
 
+def test_payload_and_metadata_round_trip_and_answer_key_lookups():
+    payload = {"note": "€ naïve\u2028 \"quoted\"", "items": [1, {"x": None}], "n": 2**63 - 1}
+
+    event = append(new_stream(), payload=payload, metadata={"who": "zoë"})
+
+    stored = Event.objects.get(pk=event.pk)
+    assert (stored.payload, stored.metadata) == (payload, {"who": "zoë"})
+    assert Event.objects.filter(pk=event.pk, payload__note=payload["note"]).exists()
+    assert Event.objects.filter(pk=event.pk, payload__items__1__x=None).exists()
+    assert Event.objects.filter(pk=event.pk, metadata__who="zoë").exists()
+    assert Event.objects.filter(aggregate_id=event.aggregate_id).get() == stored
+
+
 # --- bad input ---------------------------------------------------------------
 
 
