@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import subprocess
@@ -13,6 +14,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 from types import MappingProxyType
 
 import pytest
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import IntegrityError, connection, transaction
 from django.db.models.signals import post_save, pre_save
 
@@ -589,6 +591,62 @@ def test_post_save_is_not_sent_for_a_type_nobody_listens_for(monkeypatch, projec
     assert dispatched == ["t.listened"]
     assert (unprojected.pk, unprojected.version) == (Event.objects.get(pk=unprojected.pk).pk, 1)
     assert not unprojected._state.adding
+
+
+# --- the cursor the appends keep ------------------------------------------------------
+
+
+def test_appends_are_seen_by_query_logging_and_execute_wrappers(django_assert_num_queries):
+    append(new_stream())  # the appends' cursor is open before the logging starts
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql.split()[0])
+        return execute(sql, params, many, context)
+
+    with django_assert_num_queries(1) as captured, connection.execute_wrapper(wrapper):
+        append(new_stream())
+    append(new_stream())
+
+    assert captured.captured_queries[0]["sql"].startswith("INSERT INTO")
+    assert seen == ["INSERT"]
+
+
+def test_a_cursor_wrapped_on_the_connection_is_asked_for_every_append(monkeypatch):
+    append(new_stream())
+    opened = []
+    original = connection.cursor
+
+    def cursor():
+        opened.append(True)
+        return original()
+
+    monkeypatch.setattr(connection, "cursor", cursor)  # as the debug toolbar and tracers do
+    append(new_stream())
+    append(new_stream())
+
+    assert len(opened) == 2
+
+
+def test_an_append_from_async_code_is_still_refused():
+    append(new_stream())
+
+    async def append_in_event_loop():
+        append(new_stream())
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(append_in_event_loop())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_appends_go_on_after_the_connection_is_closed():
+    stream = new_stream()
+    append(stream)
+
+    connection.close()
+
+    assert append(stream).version == 2
+    assert [e.version for e in load_stream(stream)] == [1, 2]
 
 
 # --- two real processes race for one version (PostgreSQL) ----------------------
