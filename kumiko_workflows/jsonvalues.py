@@ -52,10 +52,49 @@ def to_json(value: Any, where: str) -> Any:
     text with NUL or lone surrogates, non-string keys and any other object are
     refused.
     """
+    if type(value) is dict:
+        flat = _flat(value)
+        if flat is not None:
+            return flat
     try:
         return _clean(value, 0)
     except _Refused as refused:
         raise NotJSON(f"{where}{''.join(reversed(refused.path))} {refused.problem}") from None
+
+
+def _flat(value: dict[Any, Any]) -> dict[str, Any] | None:
+    """A copy of ``value`` if it is one level of plain scalars under string keys, else None.
+
+    That is most event payloads, checked here in one loop without a call per
+    value; anything else (nesting, another type, a NUL, a lone surrogate, a
+    big integer, NaN) returns None for :func:`_clean` to check in full.
+    """
+    for key, item in value.items():
+        if type(key) is not str or "\x00" in key or not _encodable(key):
+            return None
+        kind = type(item)
+        if kind is str:
+            if "\x00" in item or not _encodable(item):
+                return None
+        elif kind is int:
+            if not MIN_INT <= item <= MAX_INT:
+                return None
+        elif kind is float:
+            if not math.isfinite(item):
+                return None
+        elif item is not None and kind is not bool:
+            return None
+    return dict(value)
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _clean(value: Any, depth: int) -> Any:

@@ -18,12 +18,11 @@ from __future__ import annotations
 import functools
 import math
 import uuid
-import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -215,7 +214,7 @@ def append_event(
         _counter(expected_version, "expected_version", 0, _column_max("version") - 1)
     _counter(event_version, "event_version", 1, _column_max("event_version"))
     if created_at is None:
-        created_at = _fields().created_at.get_default()
+        created_at = _created_at().get_default()
     elif not isinstance(created_at, datetime):
         raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
     elif created_at.tzinfo is None or created_at.utcoffset() is None:
@@ -264,21 +263,12 @@ _COLUMNS = (
 _FIELDS = ("id", *_COLUMNS[:3], "version", *_COLUMNS[3:])
 
 
-class _AdaptedFields(NamedTuple):
-    """The fields whose values the database may want in another form."""
-
-    aggregate_id: Field
-    created_at: Field
-
-
 @functools.cache
-def _fields() -> _AdaptedFields:
+def _created_at() -> Field:
     order = tuple(field.attname for field in Event._meta.concrete_fields)
     if order != _FIELDS:  # a changed model: append_event builds Events by position
         raise AssertionError(f"Event's fields are {order}, append_event expects {_FIELDS}")
-    return _AdaptedFields(
-        *(cast(Field, Event._meta.get_field(name)) for name in _AdaptedFields._fields)
-    )
+    return cast(Field, Event._meta.get_field("created_at"))
 
 
 @functools.cache
@@ -347,19 +337,19 @@ def _insert(
     comes back does a second query find out why (:func:`_refusal`).
     """
     db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection, not one per use
-    fields = _fields()
     tenant, aggregate_type = event.tenant_id, event.aggregate_type
-    aggregate = fields.aggregate_id.get_db_prep_save(event.aggregate_id, db)
-    if isinstance(aggregate, uuid.UUID):
-        # A native uuid column reads the text as well, and the statement
-        # names the stream up to three times: psycopg binds a string
-        # client-side for a fraction of what it spends on a UUID.
-        aggregate = str(aggregate)
+    # What UUIDField and DateTimeField would send, without their generic
+    # preparation chains: the stream id as text (a native uuid column reads
+    # it as well, and psycopg binds a string client-side for a fraction of a
+    # UUID's cost; the statement names the stream up to three times), else
+    # its hex; the time as this database adapts it.
+    uuid_value = event.aggregate_id
+    aggregate = str(uuid_value) if db.features.has_native_uuid_field else uuid_value.hex
     # The names are validated strings and the event version an int (as the
     # field's own preparation would make it). The payload and metadata go as
     # the JSON text their size was measured on (the JSON field would encode
     # them again), which a jsonb column takes like any literal.
-    values = [
+    values: list[Any] = [
         tenant,
         aggregate,
         aggregate_type,
@@ -367,7 +357,7 @@ def _insert(
         int(event.event_version),
         *json_texts,
         event.created_by,
-        fields.created_at.get_db_prep_save(event.created_at, db),
+        db.ops.adapt_datetimefield_value(event.created_at),
     ]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
@@ -386,9 +376,13 @@ def _insert(
     for _ in range(attempts):
         block = transaction.atomic(savepoint=savepoint) if projected else nullcontext()
         with block:
-            cursor = _append_cursor(db)
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
+            cursor, kept = _append_cursor(db)
+            try:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+            finally:
+                if not kept:
+                    cursor.close()
             if row is not None:
                 event.pk, event.version = row
                 event._state.adding = False
@@ -409,38 +403,33 @@ def _insert(
     raise _version_conflict(event, expected_version)
 
 
-#: Per database connection wrapper: the driver connection, whether queries
-#: were logged, and the cursor opened for appends on them.
-_cursors: weakref.WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, bool, CursorWrapper]] = (
-    weakref.WeakKeyDictionary()
-)
+def _append_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
+    """Django's cursor for the appends on ``db``, and whether it is kept open.
 
-
-def _append_cursor(db: BaseDatabaseWrapper) -> CursorWrapper:
-    """Django's cursor for the appends on ``db``, opened once per connection.
-
-    Opening and closing a cursor per append was a tenth of its time. The
+    Opening and closing a cursor per append cost about a tenth of it. The
     cursor is Django's own (execute wrappers, query logging and error
-    translation all apply), kept while the driver connection and the query
-    logging it was made for stay the same. Every call still does what
-    ``db.cursor()`` does before it opens one: the health check, connecting
-    (which refuses in async code and where tests block the database) and
-    the thread check. A connection whose ``cursor`` is wrapped on the
-    instance (the debug toolbar, a tracer, a test forbidding queries) or
-    that threads share gets a new cursor each time, as before.
+    translation all apply), kept on the connection wrapper while the driver
+    connection and the query logging it was made for stay the same. Every
+    call still does what ``db.cursor()`` does before it opens one: the
+    health check, connecting (which refuses in async code and where tests
+    block the database) and the thread check. A connection whose
+    ``cursor`` is wrapped on the instance (the debug toolbar, a tracer, a
+    test forbidding queries) or that threads share gets a new cursor each
+    time, closed after use, as before.
     """
-    if "cursor" in vars(db) or db.allow_thread_sharing:
-        return db.cursor()
+    attributes = vars(db)
+    if "cursor" in attributes or db.allow_thread_sharing:
+        return db.cursor(), False
     db.close_if_health_check_failed()
     db.ensure_connection()
     db.validate_thread_sharing()
     logged = db.queries_logged
-    cached = _cursors.get(db)
-    if cached is not None and cached[0] is db.connection and cached[1] == logged:
-        return cached[2]
+    kept = attributes.get("_kumiko_append_cursor")
+    if kept is not None and kept[0] is db.connection and kept[1] == logged:
+        return kept[2], True
     cursor = db.cursor()
-    _cursors[db] = (db.connection, logged, cursor)
-    return cursor
+    attributes["_kumiko_append_cursor"] = (db.connection, logged, cursor)
+    return cursor, True
 
 
 def _refusal(event: Event, expected_version: int | None) -> StreamIdentityError | None:
