@@ -191,7 +191,8 @@ def text_problem(text: str, *, controls: bool = True) -> str | None:
 
 #: What ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)`` uses,
 #: built once: ``dumps`` builds an encoder per call when given any option.
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+#: No check for cycles: :func:`to_json` returns trees (it copies, depth-bound).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
 
 
 def compact_json(value: Any) -> str:
@@ -205,5 +206,5 @@ def text_size(text: str) -> int:
 
 
 def json_size(value: Any) -> int:
-    """The size of ``value`` as compact JSON, in UTF-8 bytes."""
+    """The size of ``value`` (as :func:`to_json` returns) as compact JSON, in UTF-8 bytes."""
     return text_size(compact_json(value))

@@ -106,21 +106,23 @@ def name_problem(value: Any, column: str, *, blank: bool = False) -> str | None:
     return text_problem(value, controls=False)
 
 
-@functools.lru_cache(maxsize=1024)
-def _known_name_problem(value: str, column: str, blank: bool) -> str | None:
-    return name_problem(value, column, blank=blank)
+#: Names already found valid, with their column: event types, aggregate
+#: types and tenants repeat, so each is checked once. Emptied when full, so
+#: it never holds more than _VALID_NAMES_LIMIT (each at most 200 characters).
+_valid_names: set[tuple[str, str, bool]] = set()
+_VALID_NAMES_LIMIT = 4096
 
 
 def _name(value: Any, column: str, *, blank: bool = False) -> str:
-    # Names repeat (event types, aggregate types, tenants): each is checked
-    # once while it stays among the last 1,024 seen. Only strings that fit
-    # the column are remembered, so the cache holds no large input.
-    if type(value) is str and len(value) <= _max_length(column):
-        problem = _known_name_problem(value, column, blank)
-    else:
-        problem = name_problem(value, column, blank=blank)
+    if type(value) is str and (value, column, blank) in _valid_names:
+        return value
+    problem = name_problem(value, column, blank=blank)
     if problem:
         raise InvalidEvent(f"{column} {problem}")
+    if type(value) is str:
+        if len(_valid_names) >= _VALID_NAMES_LIMIT:
+            _valid_names.clear()
+        _valid_names.add((value, column, blank))
     return value
 
 
@@ -143,7 +145,7 @@ def _json_object(value: Any, what: str) -> tuple[dict[str, Any], str]:
     """``value`` as plain JSON types, and as the JSON text that is stored."""
     if value is None:
         return {}, "{}"
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise InvalidEvent(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
     try:
         clean = to_json(value, what)

@@ -18,7 +18,7 @@ from django.core.exceptions import SynchronousOnlyOperation
 from django.db import IntegrityError, connection, transaction
 from django.db.models.signals import post_save, pre_save
 
-from kumiko_workflows import VersionConflict, append_event, load_stream
+from kumiko_workflows import VersionConflict, append_event, load_stream, store
 from kumiko_workflows.exceptions import AppendOnlyError, InvalidEvent
 from kumiko_workflows.models import Event
 from kumiko_workflows.projections import registry as projections
@@ -348,6 +348,16 @@ def test_a_refused_name_is_refused_again_with_the_same_message():
             append(new_stream(), "t.a\nb")
         with pytest.raises(InvalidEvent, match="^tenant_id must be a non-empty string, got ' '"):
             append(new_stream(), tenant_id=" ")
+
+
+def test_the_names_remembered_as_valid_stay_bounded(monkeypatch):
+    monkeypatch.setattr(store, "_VALID_NAMES_LIMIT", 4)
+    store._valid_names.clear()
+
+    for n in range(10):
+        append(new_stream(), f"t.bounded-{n}")
+
+    assert 0 < len(store._valid_names) <= 4
 
 
 def test_payload_over_the_size_limit_is_refused(settings):
