@@ -215,8 +215,9 @@ def append_event(
         # The event takes expected_version + 1, which must fit the column too.
         _counter(expected_version, "expected_version", 0, _column_max("version") - 1)
     _counter(event_version, "event_version", 1, _column_max("event_version"))
+    created_at_field = _created_at_field()  # (which checks the order Event is built in below)
     if created_at is None:
-        created_at = _created_at().get_default()
+        created_at = created_at_field.get_default()
     elif not isinstance(created_at, datetime):
         raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
     elif created_at.tzinfo is None or created_at.utcoffset() is None:
@@ -266,7 +267,8 @@ _FIELDS = ("id", *_COLUMNS[:3], "version", *_COLUMNS[3:])
 
 
 @functools.cache
-def _created_at() -> Field:
+def _created_at_field() -> Field:
+    """Event's ``created_at``, once Event's fields are found in the order of ``_FIELDS``."""
     order = tuple(field.attname for field in Event._meta.concrete_fields)
     if order != _FIELDS:  # a changed model: append_event builds Events by position
         raise AssertionError(f"Event's fields are {order}, append_event expects {_FIELDS}")

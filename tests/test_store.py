@@ -350,6 +350,20 @@ def test_a_refused_name_is_refused_again_with_the_same_message():
             append(new_stream(), tenant_id=" ")
 
 
+def test_a_model_whose_fields_moved_stops_appends_loudly(monkeypatch):
+    """``append_event`` builds Events by position: a changed model must not go unnoticed."""
+    moved = (*store._FIELDS[:5], store._FIELDS[6], store._FIELDS[5], *store._FIELDS[7:])
+    monkeypatch.setattr(store, "_FIELDS", moved)
+    store._created_at_field.cache_clear()
+    try:
+        with pytest.raises(AssertionError, match="append_event expects"):
+            append(new_stream(), created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    finally:
+        monkeypatch.undo()
+        store._created_at_field.cache_clear()
+    assert append(new_stream()).version == 1
+
+
 def test_the_names_remembered_as_valid_stay_bounded(monkeypatch):
     monkeypatch.setattr(store, "_VALID_NAMES_LIMIT", 4)
     store._valid_names.clear()
