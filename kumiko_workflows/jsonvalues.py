@@ -31,7 +31,20 @@ class NotJSON(ValueError):
     """A value cannot be stored as JSON; the message names its key path."""
 
 
-def to_json(value: Any, where: str, _depth: int = 0) -> Any:
+class _Refused(Exception):
+    """A value :func:`to_json` refuses; ``path`` collects its keys, innermost first.
+
+    The key path of the message is only built for a refused value: formatting
+    it for every accepted key was most of the cost of checking a payload.
+    """
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []
+
+
+def to_json(value: Any, where: str) -> Any:
     """Return ``value`` as plain JSON types, or raise :class:`NotJSON`.
 
     Aware datetimes become ISO 8601 strings and UUIDs strings; naive datetimes,
@@ -39,47 +52,119 @@ def to_json(value: Any, where: str, _depth: int = 0) -> Any:
     text with NUL or lone surrogates, non-string keys and any other object are
     refused.
     """
-    if _depth > MAX_DEPTH:
-        raise NotJSON(f"{where} is nested more than {MAX_DEPTH} levels deep")
+    if type(value) is dict:
+        flat = _flat(value)
+        if flat is not None:
+            return flat
+    try:
+        return _clean(value, 0)
+    except _Refused as refused:
+        raise NotJSON(f"{where}{''.join(reversed(refused.path))} {refused.problem}") from None
+
+
+def _flat(value: dict[Any, Any]) -> dict[str, Any] | None:
+    """A copy of ``value`` if it is one level of plain scalars under string keys, else None.
+
+    That is most event payloads, checked here in one loop without a call per
+    value; anything else (nesting, another type, a NUL, a lone surrogate, a
+    big integer, NaN) returns None for :func:`_clean` to check in full.
+    """
+    for key, item in value.items():
+        if type(key) is not str or "\x00" in key or not _encodable(key):
+            return None
+        kind = type(item)
+        if kind is str:
+            if "\x00" in item or not _encodable(item):
+                return None
+        elif kind is int:
+            if not MIN_INT <= item <= MAX_INT:
+                return None
+        elif kind is float:
+            if not math.isfinite(item):
+                return None
+        elif item is not None and kind is not bool:
+            return None
+    return dict(value)
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _clean(value: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise _Refused(f"is nested more than {MAX_DEPTH} levels deep")
+    # The exact types of a parsed JSON document's branches first (no need to
+    # try the scalar types on them), then each kind in turn, subclasses too.
+    kind = type(value)
+    if kind is dict:
+        return _clean_mapping(value, depth)
+    if kind is list:
+        return _clean_items(value, depth)
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         if not MIN_INT <= value <= MAX_INT:
-            raise NotJSON(
-                f"{where} is an integer beyond the 64-bit range (-2**63 to 2**63-1) that every "
+            raise _Refused(
+                "is an integer beyond the 64-bit range (-2**63 to 2**63-1) that every "
                 "supported database stores exactly; store it as a string"
             )
         return value
     if isinstance(value, str):
         problem = text_problem(value)
         if problem:
-            raise NotJSON(f"{where} {problem}")
+            raise _Refused(problem)
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise NotJSON(f"{where} is {value!r}, which JSON cannot hold")
+            raise _Refused(f"is {value!r}, which JSON cannot hold")
         return value
     if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise NotJSON(f"{where} has a key {key!r} that is not a string")
-            problem = text_problem(key)
-            if problem:
-                raise NotJSON(f"{where} has a key {key!r} that {problem}")
-            out[key] = to_json(item, f"{where}[{key!r}]", _depth + 1)
-        return out
+        return _clean_mapping(value, depth)
     if isinstance(value, list | tuple):
-        return [to_json(item, f"{where}[{i}]", _depth + 1) for i, item in enumerate(value)]
+        return _clean_items(value, depth)
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
-            raise NotJSON(f"{where} is a naive datetime ({value.isoformat()}); give it a time zone")
+            raise _Refused(f"is a naive datetime ({value.isoformat()}); give it a time zone")
         return value.isoformat()
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, uuid.UUID):
         return str(value)
-    raise NotJSON(f"{where} is a {type(value).__name__}, which is not JSON-serialisable")
+    raise _Refused(f"is a {type(value).__name__}, which is not JSON-serialisable")
+
+
+def _clean_mapping(value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise _Refused(f"has a key {key!r} that is not a string")
+        problem = text_problem(key)
+        if problem:
+            raise _Refused(f"has a key {key!r} that {problem}")
+        try:
+            out[key] = _clean(item, depth + 1)
+        except _Refused as refused:
+            refused.path.append(f"[{key!r}]")
+            raise
+    return out
+
+
+def _clean_items(value: list[Any] | tuple[Any, ...], depth: int) -> list[Any]:
+    out = []
+    for index, item in enumerate(value):
+        try:
+            out.append(_clean(item, depth + 1))
+        except _Refused as refused:
+            refused.path.append(f"[{index}]")
+            raise
+    return out
 
 
 def text_problem(text: str, *, controls: bool = True) -> str | None:
@@ -92,10 +177,11 @@ def text_problem(text: str, *, controls: bool = True) -> str | None:
     # not encodable: refuse both here so every database behaves alike.
     if "\x00" in text:
         return "contains a NUL character (\\u0000), which the database cannot store"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid Unicode text (it holds a lone surrogate)"
+    if not text.isascii():  # (ASCII text, the usual case, holds no surrogate)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not valid Unicode text (it holds a lone surrogate)"
     if not controls:
         found = _CONTROL.search(text)
         if found:
@@ -103,5 +189,22 @@ def text_problem(text: str, *, controls: bool = True) -> str | None:
     return None
 
 
+#: What ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)`` uses,
+#: built once: ``dumps`` builds an encoder per call when given any option.
+#: No check for cycles: :func:`to_json` returns trees (it copies, depth-bound).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
+
+
+def compact_json(value: Any) -> str:
+    """``value`` (plain JSON types, as :func:`to_json` returns) as compact JSON text."""
+    return _COMPACT.encode(value)
+
+
+def text_size(text: str) -> int:
+    """The size of ``text`` in UTF-8 bytes."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def json_size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    """The size of ``value`` (as :func:`to_json` returns) as compact JSON, in UTF-8 bytes."""
+    return text_size(compact_json(value))

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models.signals import post_save
+
 from kumiko_workflows.models import Event
 
 Handler = Callable[[Event, bool], None]
@@ -58,7 +60,10 @@ class ProjectionRegistry:
 
     def handles(self, event_type: str, *, replaying: bool = False) -> bool:
         """Whether any projection (any replayed one, when ``replaying``) handles the type."""
-        return any(p.handles(event_type) for p in self._projections if p.replay or not replaying)
+        for projection in self._projections:  # asked on every append: a plain loop
+            if (projection.replay or not replaying) and projection.handles(event_type):
+                return True
+        return False
 
     def dispatch(self, event: Event, *, replaying: bool = False) -> None:
         for projection in self._projections:
@@ -74,5 +79,18 @@ registry = ProjectionRegistry()
 def on_event_saved(sender: Any, instance: Event, created: bool, raw: bool, **kwargs: Any) -> None:
     if not created or raw:
         return
-    instance._kw_inserted = True  # type: ignore[attr-defined]
     registry.dispatch(instance)
+
+
+def others_listen_to_post_save() -> bool:
+    """Whether a receiver besides :func:`on_event_saved` gets ``post_save`` for events.
+
+    A site's own receivers (for ``Event``, or for every model) must see
+    every new event; when there are none and no projection handles an
+    event's type, ``append_event`` need not send the signal at all.
+    ``has_listeners`` would count ``on_event_saved`` too: this asks the
+    signal for its live receivers (cached per sender by Django), the same
+    list ``send`` would call.
+    """
+    sync_receivers, async_receivers = post_save._live_receivers(Event)
+    return bool(async_receivers) or any(r is not on_event_saved for r in sync_receivers)

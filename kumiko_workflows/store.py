@@ -25,16 +25,18 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
+from django.db.backends.utils import CursorWrapper
 from django.db.models import Field, Max, Subquery
 from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
-from kumiko_workflows.jsonvalues import NotJSON, json_size, text_problem, to_json
+from kumiko_workflows.jsonvalues import NotJSON, compact_json, text_problem, text_size, to_json
 from kumiko_workflows.models import Event
-from kumiko_workflows.projections import registry
+from kumiko_workflows.projections import others_listen_to_post_save, registry
 
 _NEXT_VERSION_ATTEMPTS = 3
 
@@ -104,10 +106,23 @@ def name_problem(value: Any, column: str, *, blank: bool = False) -> str | None:
     return text_problem(value, controls=False)
 
 
+#: Names already found valid, with their column: event types, aggregate
+#: types and tenants repeat, so each is checked once. Emptied when full, so
+#: it never holds more than _VALID_NAMES_LIMIT (each at most 200 characters).
+_valid_names: set[tuple[str, str, bool]] = set()
+_VALID_NAMES_LIMIT = 4096
+
+
 def _name(value: Any, column: str, *, blank: bool = False) -> str:
+    if type(value) is str and (value, column, blank) in _valid_names:
+        return value
     problem = name_problem(value, column, blank=blank)
     if problem:
         raise InvalidEvent(f"{column} {problem}")
+    if type(value) is str:
+        if len(_valid_names) >= _VALID_NAMES_LIMIT:
+            _valid_names.clear()
+        _valid_names.add((value, column, blank))
     return value
 
 
@@ -126,23 +141,25 @@ def _counter(value: Any, what: str, low: int, high: int) -> None:
         raise InvalidEvent(f"{what} must be at most {high}, got {_shown(value)}")
 
 
-def _json_object(value: Any, what: str) -> dict[str, Any]:
+def _json_object(value: Any, what: str) -> tuple[dict[str, Any], str]:
+    """``value`` as plain JSON types, and as the JSON text that is stored."""
     if value is None:
-        return {}
-    if not isinstance(value, Mapping):
+        return {}, "{}"
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise InvalidEvent(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
     try:
         clean = to_json(value, what)
     except NotJSON as exc:
         raise InvalidEvent(str(exc)) from None
+    text = compact_json(clean)
     limit = workflow_settings.MAX_PAYLOAD_BYTES
-    size = json_size(clean)
+    size = text_size(text)
     if size > limit:
         raise InvalidEvent(
             f"{what} is {size} bytes of JSON, over the limit of {limit} bytes "
             "(KUMIKO_WORKFLOWS['MAX_PAYLOAD_BYTES'])"
         )
-    return clean
+    return clean, text
 
 
 def append_event(
@@ -192,34 +209,42 @@ def append_event(
         workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id, "tenant_id"
     )
     created_by = "" if created_by is None else _name(created_by, "created_by", blank=True)
-    clean_payload = _json_object(payload, "payload")
-    clean_metadata = _json_object(metadata, "metadata")
+    clean_payload, payload_text = _json_object(payload, "payload")
+    clean_metadata, metadata_text = _json_object(metadata, "metadata")
     if expected_version is not None:
         # The event takes expected_version + 1, which must fit the column too.
         _counter(expected_version, "expected_version", 0, _column_max("version") - 1)
     _counter(event_version, "event_version", 1, _column_max("event_version"))
-    if created_at is not None and not isinstance(created_at, datetime):
+    created_at_field = _created_at_field()  # (which checks the order Event is built in below)
+    if created_at is None:
+        created_at = created_at_field.get_default()
+    elif not isinstance(created_at, datetime):
         raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
-    if created_at is not None and (created_at.tzinfo is None or created_at.utcoffset() is None):
+    elif created_at.tzinfo is None or created_at.utcoffset() is None:
         raise InvalidEvent(f"created_at is a naive datetime ({created_at.isoformat()})")
+    # The next version is only known once inserted.
+    version: Any = None if expected_version is None else expected_version + 1
+    # Positional, in field order (_FIELDS): the keyword form looks up every
+    # field by name and calls each default.
     event = Event(
-        tenant_id=tenant,
-        aggregate_id=aggregate,
-        aggregate_type=aggregate_type,
-        type=type,
-        event_version=event_version,
-        payload=clean_payload,
-        metadata=clean_metadata,
-        created_by=created_by,
+        None,
+        tenant,
+        aggregate,
+        aggregate_type,
+        version,
+        type,
+        event_version,
+        clean_payload,
+        clean_metadata,
+        created_by,
+        created_at,
     )
-    if created_at is not None:
-        event.created_at = created_at
     # The engine's right to write its streams covers this append only, not the
     # appends of the projections it sets off: a workflow triggered by a run
     # event runs its (user) steps there.
     token = _engine_writing.set(False)
     try:
-        _insert(event, expected_version, savepoint=savepoint)
+        _insert(event, expected_version, (payload_text, metadata_text), savepoint=savepoint)
     finally:
         _engine_writing.reset(token)
     return event
@@ -236,11 +261,18 @@ _COLUMNS = (
     "created_by",
     "created_at",
 )
+#: Event's fields in the order ``Event(*values)`` takes them: the columns
+#: above with the id first and the version after the aggregate type.
+_FIELDS = ("id", *_COLUMNS[:3], "version", *_COLUMNS[3:])
 
 
 @functools.cache
-def _column_fields() -> list[Field]:
-    return [cast(Field, Event._meta.get_field(name)) for name in _COLUMNS]
+def _created_at_field() -> Field:
+    """Event's ``created_at``, once Event's fields are found in the order of ``_FIELDS``."""
+    order = tuple(field.attname for field in Event._meta.concrete_fields)
+    if order != _FIELDS:  # a changed model: append_event builds Events by position
+        raise AssertionError(f"Event's fields are {order}, append_event expects {_FIELDS}")
+    return cast(Field, Event._meta.get_field("created_at"))
 
 
 @functools.cache
@@ -271,7 +303,12 @@ def _insert_sql(vendor: str, shape: str) -> str:
     stream = "tenant_id = %s AND aggregate_id = %s"
     version = "%s"
     if shape == "next":
-        version = f"COALESCE((SELECT MAX(version) FROM {table} WHERE {stream}), 0) + 1"  # noqa: S608
+        # Not MAX(version): PostgreSQL plans that as this very index probe,
+        # after planning the aggregate first.
+        version = (
+            f"COALESCE((SELECT version FROM {table} WHERE {stream} "  # noqa: S608
+            "ORDER BY version DESC LIMIT 1), 0) + 1"
+        )
     if shape == "after":
         condition = (
             f"EXISTS (SELECT 1 FROM {table} WHERE {stream} "  # noqa: S608
@@ -289,23 +326,47 @@ def _insert_sql(vendor: str, shape: str) -> str:
     return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
 
 
-def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> None:
+def _insert(
+    event: Event, expected_version: int | None, json_texts: tuple[str, str], *, savepoint: bool
+) -> None:
     """Insert ``event`` and dispatch ``pre_save``/``post_save`` (the projections).
 
-    The insert and the projections share one atomic block, so a projection
+    ``json_texts`` are the event's payload and metadata as stored. The
+    insert and the projections share one atomic block, so a projection
     that raises takes the row with it. With ``savepoint=False`` that block
     is the caller's (which must then be unwound when the error propagates,
     as every engine caller does); with no projection for the type there is
-    nothing to undo and the insert is one statement. Only when no row comes
-    back does a second query find out why (:func:`_refusal`).
+    nothing to undo and the insert is one statement, and ``post_save`` is
+    only sent if someone besides the projections listens. Only when no row
+    comes back does a second query find out why (:func:`_refusal`).
     """
     db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection, not one per use
-    values = [field.get_db_prep_save(field.pre_save(event, True), db) for field in _column_fields()]
-    tenant, aggregate, aggregate_type = values[0], values[1], values[2]
+    tenant, aggregate_type = event.tenant_id, event.aggregate_type
+    # What UUIDField and DateTimeField would send, without their generic
+    # preparation chains: the stream id as text (a native uuid column reads
+    # it as well, and psycopg binds a string client-side for a fraction of a
+    # UUID's cost; the statement names the stream up to three times), else
+    # its hex; the time as this database adapts it.
+    uuid_value = event.aggregate_id
+    aggregate = str(uuid_value) if db.features.has_native_uuid_field else uuid_value.hex
+    # The names are validated strings and the event version an int (as the
+    # field's own preparation would make it). The payload and metadata go as
+    # the JSON text their size was measured on (the JSON field would encode
+    # them again), which a jsonb column takes like any literal.
+    values: list[Any] = [
+        tenant,
+        aggregate,
+        aggregate_type,
+        event.type,
+        int(event.event_version),
+        *json_texts,
+        event.created_by,
+        db.ops.adapt_datetimefield_value(event.created_at),
+    ]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
         sql, params = _insert_sql(db.vendor, "next"), [*values, tenant, aggregate, *foreign]
-    elif expected_version == 0 and event.aggregate_type in ENGINE_STREAMS:
+    elif expected_version == 0 and aggregate_type in ENGINE_STREAMS:
         sql, params = _insert_sql(db.vendor, "new_engine"), [*values, 1]
     elif expected_version == 0:
         sql, params = _insert_sql(db.vendor, "new"), [*values, 1, *foreign]
@@ -313,34 +374,66 @@ def _insert(event: Event, expected_version: int | None, *, savepoint: bool) -> N
         sql = _insert_sql(db.vendor, "after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
         params = [*values, expected_version + 1, *previous]
-    if expected_version is not None:
-        event.version = expected_version + 1
     projected = registry.handles(event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
     for _ in range(attempts):
         block = transaction.atomic(savepoint=savepoint) if projected else nullcontext()
         with block:
-            with db.cursor() as cursor:
+            cursor, kept = _append_cursor(db)
+            try:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
+            finally:
+                if not kept:
+                    cursor.close()
             if row is not None:
                 event.pk, event.version = row
                 event._state.adding = False
                 event._state.db = db.alias
-                post_save.send(
-                    sender=Event,
-                    instance=event,
-                    created=True,
-                    update_fields=None,
-                    raw=False,
-                    using=db.alias,
-                )
+                if projected or others_listen_to_post_save():
+                    post_save.send(
+                        sender=Event,
+                        instance=event,
+                        created=True,
+                        update_fields=None,
+                        raw=False,
+                        using=db.alias,
+                    )
                 return
         refusal = _refusal(event, expected_version)
         if refusal is not None:
             raise refusal  # another writer cannot make this go away: no retry
     raise _version_conflict(event, expected_version)
+
+
+def _append_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
+    """Django's cursor for the appends on ``db``, and whether it is kept open.
+
+    Opening and closing a cursor per append cost about a tenth of it. The
+    cursor is Django's own (execute wrappers, query logging and error
+    translation all apply), kept on the connection wrapper while the driver
+    connection and the query logging it was made for stay the same. Every
+    call still does what ``db.cursor()`` does before it opens one: the
+    health check, connecting (which refuses in async code and where tests
+    block the database) and the thread check. A connection whose
+    ``cursor`` is wrapped on the instance (the debug toolbar, a tracer, a
+    test forbidding queries) or that threads share gets a new cursor each
+    time, closed after use, as before.
+    """
+    attributes = vars(db)
+    if "cursor" in attributes or db.allow_thread_sharing:
+        return db.cursor(), False
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    logged = db.queries_logged
+    kept = attributes.get("_kumiko_append_cursor")
+    if kept is not None and kept[0] is db.connection and kept[1] == logged:
+        return kept[2], True
+    cursor = db.cursor()
+    attributes["_kumiko_append_cursor"] = (db.connection, logged, cursor)
+    return cursor, True
 
 
 def _refusal(event: Event, expected_version: int | None) -> StreamIdentityError | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import json
 import subprocess
 import sys
@@ -9,11 +11,14 @@ import textwrap
 import time
 import uuid
 from datetime import UTC, date, datetime, timedelta, timezone
+from types import MappingProxyType
 
 import pytest
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import IntegrityError, connection, transaction
+from django.db.models.signals import post_save, pre_save
 
-from kumiko_workflows import VersionConflict, append_event, load_stream
+from kumiko_workflows import VersionConflict, append_event, load_stream, store
 from kumiko_workflows.exceptions import AppendOnlyError, InvalidEvent
 from kumiko_workflows.models import Event
 from kumiko_workflows.projections import registry as projections
@@ -179,6 +184,19 @@ def test_aware_datetimes_dates_uuids_and_tuples_are_stored_as_json():
     assert Event.objects.get(pk=event.pk).payload == expected
 
 
+def test_payload_and_metadata_round_trip_and_answer_key_lookups():
+    payload = {"note": "€ naïve\u2028 \"quoted\"", "items": [1, {"x": None}], "n": 2**63 - 1}
+
+    event = append(new_stream(), payload=payload, metadata={"who": "zoë"})
+
+    stored = Event.objects.get(pk=event.pk)
+    assert (stored.payload, stored.metadata) == (payload, {"who": "zoë"})
+    assert Event.objects.filter(pk=event.pk, payload__note=payload["note"]).exists()
+    assert Event.objects.filter(pk=event.pk, payload__items__1__x=None).exists()
+    assert Event.objects.filter(pk=event.pk, metadata__who="zoë").exists()
+    assert Event.objects.filter(aggregate_id=event.aggregate_id).get() == stored
+
+
 # --- bad input ---------------------------------------------------------------
 
 
@@ -307,6 +325,53 @@ def test_bad_input_is_refused_with_its_message_and_no_row(overrides, message):
     assert Event.objects.count() == before
     # The refused call did not break the transaction either.
     assert append(stream).version == 2
+
+
+def test_key_paths_run_through_tuples_other_mappings_and_subclasses():
+    class Label(str):
+        pass
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    payload = {"a": (1, MappingProxyType({Label("b"): [Level.HIGH, Opaque()]}))}
+
+    with pytest.raises(InvalidEvent, match=r"^payload\['a'\]\[1\]\['b'\]\[1\] is a Opaque,"):
+        append(new_stream(), payload=payload)
+    event = append(new_stream(), payload={"a": (1, MappingProxyType({Label("b"): [Level.HIGH]}))})
+    assert Event.objects.get(pk=event.pk).payload == {"a": [1, {"b": [3]}]}
+
+
+def test_a_refused_name_is_refused_again_with_the_same_message():
+    for _ in range(2):
+        with pytest.raises(InvalidEvent, match=r"^type contains a control character \('\\n' at"):
+            append(new_stream(), "t.a\nb")
+        with pytest.raises(InvalidEvent, match="^tenant_id must be a non-empty string, got ' '"):
+            append(new_stream(), tenant_id=" ")
+
+
+def test_a_model_whose_fields_moved_stops_appends_loudly(monkeypatch):
+    """``append_event`` builds Events by position: a changed model must not go unnoticed."""
+    moved = (*store._FIELDS[:5], store._FIELDS[6], store._FIELDS[5], *store._FIELDS[7:])
+    monkeypatch.setattr(store, "_FIELDS", moved)
+    store._created_at_field.cache_clear()
+    try:
+        with pytest.raises(AssertionError, match="append_event expects"):
+            append(new_stream(), created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    finally:
+        monkeypatch.undo()
+        store._created_at_field.cache_clear()
+    assert append(new_stream()).version == 1
+
+
+def test_the_names_remembered_as_valid_stay_bounded(monkeypatch):
+    monkeypatch.setattr(store, "_VALID_NAMES_LIMIT", 4)
+    store._valid_names.clear()
+
+    for n in range(10):
+        append(new_stream(), f"t.bounded-{n}")
+
+    assert 0 < len(store._valid_names) <= 4
 
 
 def test_payload_over_the_size_limit_is_refused(settings):
@@ -457,6 +522,155 @@ def test_bulk_create_bypasses_the_projections(projection):
 
     append(stream, "t.bulk")
     assert len(seen) == 1
+
+
+# --- the site's own signal receivers ---------------------------------------------
+
+
+class Recorder:
+    """A receiver of a model signal that records each event it is sent."""
+
+    def __init__(self, signal, sender, asynchronous):
+        self.signal, self.sender, self.seen = signal, sender, []
+
+        async def record_async(**kwargs):
+            self.record(**kwargs)
+
+        self.function = record_async if asynchronous else self.record
+        signal.connect(self.function, sender=sender, weak=False)
+
+    def record(self, sender, instance, **kwargs):
+        if isinstance(instance, Event):  # (sender=None: sent for every model)
+            self.seen.append((instance, instance.pk, instance.version, kwargs.get("created")))
+
+    def disconnect(self):
+        self.signal.disconnect(self.function, sender=self.sender)
+
+
+@pytest.fixture
+def receiver():
+    """Connect a recording receiver to a model signal for the test."""
+    recorders = []
+
+    def connect(signal, sender=Event, *, asynchronous=False):
+        recorders.append(Recorder(signal, sender, asynchronous))
+        return recorders[-1]
+
+    yield connect
+    for recorder in recorders:
+        recorder.disconnect()
+
+
+@pytest.mark.parametrize("sender", [Event, None], ids=["for Event", "for every model"])
+def test_a_sites_own_receivers_see_an_event_no_projection_handles(receiver, sender):
+    assert not projections.handles("t.unprojected")
+    before = receiver(pre_save, sender)
+    after = receiver(post_save, sender)
+
+    event = append(new_stream(), "t.unprojected")
+
+    assert before.seen == [(event, None, None, None)]
+    assert after.seen == [(event, event.pk, 1, True)]
+
+
+def test_an_async_receiver_sees_an_event_no_projection_handles(receiver):
+    after = receiver(post_save, asynchronous=True)
+
+    event = append(new_stream(), "t.unprojected")
+
+    assert after.seen == [(event, event.pk, 1, True)]
+
+
+def test_receivers_connected_and_disconnected_between_appends_are_honoured(receiver):
+    stream = new_stream()
+    append(stream, "t.unprojected")
+    after = receiver(post_save)
+
+    second = append(stream, "t.unprojected")
+    after.disconnect()
+    append(stream, "t.unprojected")
+
+    assert after.seen == [(second, second.pk, 2, True)]
+
+
+def test_projections_and_a_sites_receiver_both_see_a_projected_event(receiver, projection):
+    seen = []
+    projection("test.both", {"t.both"}, lambda event, replaying: seen.append(event.pk))
+    after = receiver(post_save)
+
+    event = append(new_stream(), "t.both")
+
+    assert seen == [event.pk]
+    assert after.seen == [(event, event.pk, 1, True)]
+
+
+def test_post_save_is_not_sent_for_a_type_nobody_listens_for(monkeypatch, projection):
+    dispatched = []
+    monkeypatch.setattr(projections, "dispatch", lambda event, **kw: dispatched.append(event.type))
+    projection("test.listened", {"t.listened"}, lambda event, replaying: None)
+
+    unprojected = append(new_stream(), "t.unprojected")
+    append(new_stream(), "t.listened")
+
+    assert dispatched == ["t.listened"]
+    assert (unprojected.pk, unprojected.version) == (Event.objects.get(pk=unprojected.pk).pk, 1)
+    assert not unprojected._state.adding
+
+
+# --- the cursor the appends keep ------------------------------------------------------
+
+
+def test_appends_are_seen_by_query_logging_and_execute_wrappers(django_assert_num_queries):
+    append(new_stream())  # the appends' cursor is open before the logging starts
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql.split()[0])
+        return execute(sql, params, many, context)
+
+    with django_assert_num_queries(1) as captured, connection.execute_wrapper(wrapper):
+        append(new_stream())
+    append(new_stream())
+
+    assert captured.captured_queries[0]["sql"].startswith("INSERT INTO")
+    assert seen == ["INSERT"]
+
+
+def test_a_cursor_wrapped_on_the_connection_is_asked_for_every_append(monkeypatch):
+    append(new_stream())
+    opened = []
+    original = connection.cursor
+
+    def cursor():
+        opened.append(True)
+        return original()
+
+    monkeypatch.setattr(connection, "cursor", cursor)  # as the debug toolbar and tracers do
+    append(new_stream())
+    append(new_stream())
+
+    assert len(opened) == 2
+
+
+def test_an_append_from_async_code_is_still_refused():
+    append(new_stream())
+
+    async def append_in_event_loop():
+        append(new_stream())
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(append_in_event_loop())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_appends_go_on_after_the_connection_is_closed():
+    stream = new_stream()
+    append(stream)
+
+    connection.close()
+
+    assert append(stream).version == 2
+    assert [e.version for e in load_stream(stream)] == [1, 2]
 
 
 # --- two real processes race for one version (PostgreSQL) ----------------------
