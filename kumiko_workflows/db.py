@@ -57,8 +57,8 @@ def wait_paths(tenant_id: str, event_type: str) -> list[str]:
 _SQL: dict[tuple[Any, ...], str] = {}
 
 
-def _sql(key: tuple[Any, ...], build: Callable[[], str]) -> str:
-    """A statement built once per shape and database vendor."""
+def statement(key: tuple[Any, ...], build: Callable[[], str]) -> str:
+    """The statement ``build`` makes for ``key``, built once per key and database vendor."""
     full = (connection.vendor, *key)
     sql = _SQL.get(full)
     if sql is None:
@@ -94,5 +94,5 @@ def claim_due(tenant_id: str, now: datetime, passed_over: set[int]) -> WorkflowR
             f"WHERE {where} ORDER BY {order} LIMIT 1{lock}"
         )
 
-    sql = _sql(("claim_due", len(skip)), build)
+    sql = statement(("claim_due", len(skip)), build)
     return next(iter(model.objects.raw(sql, [tenant_id, now, *skip])), None)

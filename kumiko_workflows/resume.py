@@ -55,7 +55,7 @@ from kumiko_workflows.streams import (
     fail_run,
     raised,
 )
-from kumiko_workflows.wakeups import decide_waiting_checks, look_back, taken_by_run
+from kumiko_workflows.wakeups import decide_waiting_checks, event_ending
 
 logger = logging.getLogger("kumiko_workflows.resume")
 
@@ -243,14 +243,7 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
         if awaited_event is None:
             # Timed out: an event committed while the run was suspending may
             # have missed the row, so look once more before giving up on it.
-            awaited_event = look_back(
-                row.tenant_id,
-                row.wait_event_type,
-                row.match_expr,
-                trigger.id,
-                taken_by_run(awaited),
-                until=row.timeout_at,
-            )
+            awaited_event = event_ending(row)
         ctx.steps[row.awaits_key] = awaited_event.payload if awaited_event else None
         ctx.awaited[row.awaits_key] = awaited_event.id if awaited_event else None
 
@@ -347,11 +340,6 @@ def _connection_broken() -> bool:
     return raw is None or bool(getattr(raw, "closed", False))
 
 
-def _claim(tenant: str, now: datetime, passed_over: set[int]) -> WorkflowRunPending | None:
-    """Lock the tenant's next due row that nobody holds, or None."""
-    return db.claim_due(tenant, now, passed_over)
-
-
 def _commits_per_run(row: WorkflowRunPending) -> bool:
     workflow = registry.get(row.workflow_name)
     return workflow is not None and workflow.commit == "per_run"
@@ -390,7 +378,7 @@ def _drain_tenant(
                 if should_stop():
                     drained = True
                     break
-                row = _claim(tenant, now, passed_over)
+                row = db.claim_due(tenant, now, passed_over)
                 if row is None:
                     drained = True
                     break

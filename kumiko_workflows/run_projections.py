@@ -19,8 +19,8 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils.dateparse import parse_datetime
 
+from kumiko_workflows import db, matching, wakeups
 from kumiko_workflows import event_types as et
-from kumiko_workflows import matching, wakeups
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import registry
 from kumiko_workflows.exceptions import InvalidMatchExpression
@@ -182,9 +182,6 @@ def project_run_status(event: Event, replaying: bool) -> None:
         )
 
 
-_SQL_CACHE: dict[tuple[Any, ...], str] = {}
-
-
 def _update(model: type[Any], values: dict[str, Any], where: dict[str, Any]) -> None:
     """``UPDATE`` rows of ``model`` matching ``where`` (field = value, ANDed)."""
     _execute(model, "UPDATE", values, where)
@@ -202,11 +199,10 @@ def _execute(model: type[Any], verb: str, values: dict[str, Any], where: dict[st
     the ORM's query building, and a plain DELETE skips the deletion collector
     a table nothing cascades from does not need.
     """
-    db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection
-    key = (db.vendor, model._meta.db_table, verb, tuple(values), tuple(where))
-    sql = _SQL_CACHE.get(key)
-    if sql is None:
-        ops = db.ops
+    conn = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection
+
+    def build() -> str:
+        ops = conn.ops
         table = ops.quote_name(model._meta.db_table)
         condition = " AND ".join(
             f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in where
@@ -215,15 +211,15 @@ def _execute(model: type[Any], verb: str, values: dict[str, Any], where: dict[st
             assignments = ", ".join(
                 f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in values
             )
-            sql = f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
-        else:
-            sql = f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
-        _SQL_CACHE[key] = sql
+            return f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
+        return f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
+
+    sql = db.statement((model._meta.db_table, verb, tuple(values), tuple(where)), build)
     params = [
-        model._meta.get_field(name).get_db_prep_save(value, db)
+        model._meta.get_field(name).get_db_prep_save(value, conn)
         for name, value in (*values.items(), *where.items())
     ]
-    with db.cursor() as cursor:
+    with conn.cursor() as cursor:
         cursor.execute(sql, params)
 
 
@@ -254,7 +250,6 @@ def _pending_row(event: Event) -> WorkflowRunPending:
         row.wait_event_type = payload["event_type"]
         row.awaits_key = payload["awaits_key"]
         row.match_expr = payload.get("match")
-        row.match_scan = _wait_keys(row.match_expr) is None
     elif kind == et.RETRY_SCHEDULED:
         row.suspension_type = SuspensionType.RETRY
         row.wake_at = _instant(payload["wake_at"])
@@ -279,12 +274,13 @@ def _wait_keys(match: Any) -> frozenset[matching.Key] | None:
         return None
 
 
-def _store_keys(event: Event, row: WorkflowRunPending, cleared: bool) -> None:
-    """Store the wait under the keys its match requires, replacing the run's old ones."""
+def _store_keys(
+    event: Event, row: WorkflowRunPending, keys: frozenset[matching.Key], cleared: bool
+) -> None:
+    """Store the wait under ``keys``, replacing the run's old ones."""
     where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}
     if not cleared:
         _delete(WorkflowWaitKey, where)
-    keys = _wait_keys(row.match_expr) or ()
     WorkflowWaitKey.objects.bulk_create(
         WorkflowWaitKey(**where, event_type=row.wait_event_type, path=path, value=value)
         for path, value in sorted(keys)
@@ -300,6 +296,8 @@ def project_pending(event: Event, replaying: bool) -> None:
     cleared = pending_cleared.get() == (event.aggregate_id, event.version)
     if kind in et.SUSPENSIONS:
         row = _pending_row(event)
+        keys = _wait_keys(row.match_expr) if kind == et.WAITING_FOR_EVENT else None
+        row.match_scan = kind == et.WAITING_FOR_EVENT and keys is None
         # Upsert: a suspension projected twice (at-least-once) leaves one row.
         WorkflowRunPending.objects.bulk_create(
             [row],
@@ -308,7 +306,7 @@ def project_pending(event: Event, replaying: bool) -> None:
             update_fields=_PENDING_UPDATE_FIELDS,
         )
         if kind == et.WAITING_FOR_EVENT:
-            _store_keys(event, row, cleared)
+            _store_keys(event, row, keys or frozenset(), cleared)
         if not replaying and row.wake_at is not None and row.wake_at <= event.created_at:
             notify_due(event.tenant_id)
     elif kind == et.WAKE_REQUESTED:

@@ -113,6 +113,18 @@ def look_back(
     return None
 
 
+def event_ending(row: WorkflowRunPending) -> Event | None:
+    """The committed event that ends the pending row's wait, by :func:`look_back`."""
+    return look_back(
+        row.tenant_id,
+        row.wait_event_type,
+        row.match_expr,
+        row.trigger_event_id or 0,
+        taken_by_run(row.awaited_refs()),
+        until=row.timeout_at,
+    )
+
+
 def wake_with(row: WorkflowRunPending, event: Event) -> bool:
     """Append ``workflow.wake-requested`` naming ``event`` as the row's awaited event.
 
@@ -213,14 +225,7 @@ def wake_by_look_back(tenant_id: str, run_id: Any) -> bool:
     locked, complete = _lock(rows)
     for row in locked:
         try:
-            found = look_back(
-                row.tenant_id,
-                row.wait_event_type,
-                row.match_expr,
-                row.trigger_event_id or 0,
-                taken_by_run(row.awaited_refs()),
-                until=row.timeout_at,
-            )
+            found = event_ending(row)
         except Exception as exc:
             _fail_invalid_match(row, exc)
             continue
