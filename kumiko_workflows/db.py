@@ -6,13 +6,13 @@ asks "can writers overlap?" instead of naming a vendor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
 
-from kumiko_workflows.models import WorkflowRunPending, WorkflowWaitKey
+from kumiko_workflows.models import Event, WorkflowRunPending, WorkflowWaitKey
 
 
 def overlapping_writers() -> bool:
@@ -66,33 +66,76 @@ def statement(key: tuple[Any, ...], build: Callable[[], str]) -> str:
     return sql
 
 
-def claim_due(tenant_id: str, now: datetime, passed_over: set[int]) -> WorkflowRunPending | None:
+def _rows_of(model: type[Any], values: Sequence[Any]) -> Any:
+    """An instance of ``model`` from its concrete columns' raw values, as the ORM would load it.
+
+    The converters (JSON text to objects, SQLite's timestamps, ...) are the
+    ones a query's compiler would apply, found once per model and vendor.
+    """
+    fields = model._meta.concrete_fields
+    key = ("converters", model._meta.label)
+    converters = _CONVERTERS.get((connection.vendor, *key))
+    if converters is None:
+        converters = []
+        for field in fields:
+            col = field.get_col(model._meta.db_table)
+            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            converters.append((col, found))
+        _CONVERTERS[(connection.vendor, *key)] = converters
+    row = list(values)
+    for index, (col, found) in enumerate(converters):
+        for convert in found:
+            row[index] = convert(row[index], col, connection)
+    return model.from_db(connection.alias, None, row)
+
+
+_CONVERTERS: dict[tuple[Any, ...], list[tuple[Any, list[Any]]]] = {}
+
+
+def claim_due(
+    tenant_id: str, now: datetime, passed_over: set[int]
+) -> tuple[WorkflowRunPending, Event | None] | None:
     """Lock the tenant's next due pending row that nobody holds (oldest first), or None.
 
-    A statement built once per shape (no ORM compilation per claim): the
-    worker's hottest query.
+    Returns the row and its run's trigger event (None if that event is gone),
+    read in the same statement: one round trip for the worker's hottest
+    query, built once per shape (no ORM compilation per claim).
     ``passed_over`` rows (lost races, errors in this pass) are not taken again.
     """
     skip = sorted(passed_over)
-    model = WorkflowRunPending
-    columns = [str(field.column) for field in model._meta.concrete_fields]
+    pending, event = WorkflowRunPending._meta, Event._meta
+    width = len(pending.concrete_fields)
 
     def build() -> str:
         ops = connection.ops
-        where = f"{ops.quote_name('tenant_id')} = %s AND {ops.quote_name('wake_at')} <= %s"
-        if skip:
-            where += f" AND {ops.quote_name('id')} NOT IN ({', '.join(['%s'] * len(skip))})"
-        lock = (
-            " FOR UPDATE SKIP LOCKED"
-            if connection.features.has_select_for_update_skip_locked
-            else ""
+
+        row_columns = ", ".join(
+            f"p.{ops.quote_name(str(f.column))}" for f in pending.concrete_fields
         )
-        selected = ", ".join(ops.quote_name(column) for column in columns)
-        order = f"{ops.quote_name('wake_at')}, {ops.quote_name('id')}"
+        event_columns = ", ".join(
+            f"e.{ops.quote_name(str(f.column))}" for f in event.concrete_fields
+        )
+        where = "p.tenant_id = %s AND p.wake_at <= %s"
+        if skip:
+            where += f" AND p.id NOT IN ({', '.join(['%s'] * len(skip))})"
+        lock = ""
+        if connection.features.has_select_for_update_skip_locked:
+            # Only the pending row is locked; the trigger event is read.
+            lock = " FOR UPDATE OF p SKIP LOCKED"
         return (
-            f"SELECT {selected} FROM {ops.quote_name(model._meta.db_table)} "  # noqa: S608
-            f"WHERE {where} ORDER BY {order} LIMIT 1{lock}"
+            f"SELECT {row_columns}, {event_columns} "  # noqa: S608 - identifiers
+            f"FROM {ops.quote_name(pending.db_table)} p "
+            f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+            "ON e.id = p.trigger_event_id AND e.tenant_id = p.tenant_id "
+            f"WHERE {where} ORDER BY p.wake_at, p.id LIMIT 1{lock}"
         )
 
     sql = statement(("claim_due", len(skip)), build)
-    return next(iter(model.objects.raw(sql, [tenant_id, now, *skip])), None)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tenant_id, now, *skip])
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    row = _rows_of(WorkflowRunPending, found[:width])
+    trigger = None if found[width] is None else _rows_of(Event, found[width:])
+    return row, trigger

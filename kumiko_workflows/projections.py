@@ -8,7 +8,7 @@ transaction. A projection that raises rolls the append back. Rows written by
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,8 @@ class Projection:
     #: Whether ``rebuild_workflow_projections`` replays it. Projections with
     #: side effects (starting runs) must say False.
     replay: bool = field(default=True, compare=False)
+    #: One of the engine's own (which raise only when the database does).
+    builtin: bool = field(default=False, compare=False)
 
 
 class ProjectionRegistry:
@@ -42,12 +44,13 @@ class ProjectionRegistry:
         *,
         order: int = 100,
         replay: bool = True,
+        builtin: bool = False,
     ) -> Projection:
         """Add a projection; ``handles`` is a set of event types or a predicate."""
         if name in self:
             raise ValueError(f"a projection named {name!r} is already registered")
         predicate = handles if callable(handles) else frozenset(handles).__contains__
-        projection = Projection(order, name, predicate, apply, replay)
+        projection = Projection(order, name, predicate, apply, replay, builtin)
         self._projections.append(projection)
         self._projections.sort()
         return projection
@@ -64,6 +67,13 @@ class ProjectionRegistry:
             if (projection.replay or not replaying) and projection.handles(event_type):
                 return True
         return False
+
+    def foreign_handlers(self, event_types: Iterable[str]) -> bool:
+        """Whether a projection other than the engine's own handles any of ``event_types``."""
+        return any(
+            not projection.builtin and any(projection.handles(t) for t in event_types)
+            for projection in self._projections
+        )
 
     def dispatch(self, event: Event, *, replaying: bool = False) -> None:
         for projection in self._projections:

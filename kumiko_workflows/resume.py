@@ -41,7 +41,9 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.runner import Cursor, RunContext, SegmentFailed, run_segment
+from kumiko_workflows.projections import others_listen_to_post_save
+from kumiko_workflows.projections import registry as projections
+from kumiko_workflows.runner import Cursor, RunContext, fail_opened, run_segment
 from kumiko_workflows.steps import Retry, Step, Wait, WaitForEvent
 from kumiko_workflows.store import name_problem
 from kumiko_workflows.streams import (
@@ -128,24 +130,24 @@ def _state_problem(state: Any) -> str | None:
     return None
 
 
-def _wanted_events(row: WorkflowRunPending) -> set[int]:
-    """Ids of the events a resume of ``row`` reads: the trigger and the awaited ones."""
-    ids = [row.trigger_event_id, row.awaited_event_id, *row.awaited_refs().values()]
+def _awaited_ids(row: WorkflowRunPending) -> set[int]:
+    """Ids of the awaited events a resume of ``row`` reads (the trigger comes with the claim)."""
+    ids = [row.awaited_event_id, *row.awaited_refs().values()]
     return {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
 
 
-def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
-    """Resume one pending row; return (outcome, claimed).
+def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) -> tuple[str, bool]:
+    """Resume one pending row, whose trigger event is ``trigger``; return (outcome, claimed).
 
     The outcome is completed, suspended, failed or skipped; ``claimed`` says
     whether ``workflow.step.resumed`` was appended.
 
-    Must run in a savepoint of its own in a transaction that holds the row. Raises
-    :class:`SegmentFailed` when the run fails after its claim: the caller
-    unwinds the savepoint and records the failure (see :func:`resume_one`).
+    Must run in a transaction that holds the row. A failing step fails the
+    run (see :func:`run_segment`); any other error propagates with the run's
+    events written so far, and the caller must roll back what holds them.
     """
     stream = RunStream.of_pending(row)
-    stream.savepoint = False  # the caller unwinds its savepoint on errors
+    stream.savepoint = False  # the caller rolls back on errors
     workflow = registry.get(row.workflow_name)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
         changed = _definition_changed(row, workflow)
@@ -197,34 +199,27 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
     )
     state = row.state or {}
     awaited: dict[str, int | None] = dict(row.awaited_refs())
-    events = Event.objects.filter(tenant_id=row.tenant_id).in_bulk(_wanted_events(row))
+    wanted = _awaited_ids(row)
+    events = Event.objects.filter(tenant_id=row.tenant_id).in_bulk(wanted) if wanted else {}
 
-    trigger = events.get(row.trigger_event_id) if row.trigger_event_id is not None else None
+    unavailable: Failure | None = None
     if trigger is None:
-        raise SegmentFailed(
-            stream,
-            opening,
-            Failure(
-                TRIGGER_EVENT_UNAVAILABLE,
-                row.step,
-                f"the trigger event #{row.trigger_event_id} is gone",
-            ),
-            state=state,
-            retry_from=row.step,
+        unavailable = Failure(
+            TRIGGER_EVENT_UNAVAILABLE,
+            row.step,
+            f"the trigger event #{row.trigger_event_id} is gone",
         )
-    missing = [i for i in awaited.values() if i is not None and i not in events]
-    if row.awaited_event_id is not None and row.awaited_event_id not in events:
-        missing.append(row.awaited_event_id)
-    if missing:
-        raise SegmentFailed(
-            stream,
-            opening,
-            Failure(
-                AWAITED_EVENT_UNAVAILABLE, row.step, f"the awaited event #{missing[0]} is gone"
-            ),
-            state=state,
-            retry_from=row.step,
+    elif missing := [i for i in wanted if i not in events]:
+        unavailable = Failure(
+            AWAITED_EVENT_UNAVAILABLE, row.step, f"the awaited event #{min(missing)} is gone"
         )
+    if unavailable is not None:
+        try:
+            fail_opened(stream, opening, unavailable, state=state, retry_from=row.step)
+        except VersionConflict:
+            return "skipped", False
+        return "failed", True
+    assert trigger is not None
 
     steps = dict(state.get("results") or {})
     for key, event_id in awaited.items():
@@ -259,20 +254,6 @@ def resume_row(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
         return run_segment(workflow, stream, ctx, cursor, opening), True
     except VersionConflict:
         return "skipped", False
-
-
-def resume_one(row: WorkflowRunPending, now: datetime) -> tuple[str, bool]:
-    """:func:`resume_row` in a savepoint of its own, recording a failed run."""
-    try:
-        with transaction.atomic():
-            return resume_row(row, now)
-    except SegmentFailed as failed:
-        try:
-            with transaction.atomic():
-                failed.record()
-        except VersionConflict:
-            return "skipped", False
-        return "failed", True
 
 
 def due_tenants(now: datetime) -> list[str]:
@@ -345,6 +326,15 @@ def _commits_per_run(row: WorkflowRunPending) -> bool:
     return workflow is not None and workflow.commit == "per_run"
 
 
+class _Unwound(Exception):
+    """A run's resume raised with its writes in the batch's transaction: roll the batch back."""
+
+    def __init__(self, row: WorkflowRunPending, error: Exception) -> None:
+        super().__init__(str(error))
+        self.row = row
+        self.error = error
+
+
 def _drain_tenant(
     tenant: str,
     now: datetime,
@@ -356,12 +346,18 @@ def _drain_tenant(
     """Resume the tenant's due rows, claimed one at a time, a batch per transaction.
 
     A row is locked only when its turn comes, so a slow step never holds rows
-    it has not reached: other workers take them meanwhile. Each run resumes
-    in a savepoint of its own, so a failing run is recorded alone and no
-    other run's steps run again. A transaction commits after ``BATCH_SIZE``
-    runs, once ``BATCH_SECONDS`` have passed (a slow step ends its batch), and
-    around each run of a workflow defined with ``commit="per_run"``. Only a
-    crash mid-batch makes the batch's finished runs run again.
+    it has not reached: other workers take them meanwhile. A failing step
+    fails its run alone (its steps' writes roll back to the savepoint taken
+    before their first statement), so no other run's steps run again. A
+    transaction commits after ``BATCH_SIZE`` runs, once ``BATCH_SECONDS``
+    have passed (a slow step ends its batch), and around each run of a
+    workflow defined with ``commit="per_run"``.
+
+    An error in the engine's own writes for a run (a database error, a
+    site's projection raising) is rolled back with its savepoint where code
+    besides the engine's reacts to run events (see :func:`guarded`), and
+    otherwise with the batch, as a crash would: then the batch's other runs
+    are resumed again, and their steps run again.
     """
     passed_over: set[int] = set()
     batch_size = max(1, int(workflow_settings.BATCH_SIZE))
@@ -372,35 +368,54 @@ def _drain_tenant(
         size = batch_size if remaining is None else min(batch_size, remaining)
         batch = ResumeReport()
         drained = False
-        with transaction.atomic():
-            deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
-            for index in range(size):
-                if should_stop():
-                    drained = True
-                    break
-                row = db.claim_due(tenant, now, passed_over)
-                if row is None:
-                    drained = True
-                    break
-                per_run = _commits_per_run(row)
-                if per_run and index > 0:
-                    break  # commit the others first; the next batch starts with it
-                outcome = _resume_in_batch(row, clock(), batch, tenant)
-                if outcome in ("skipped", "error"):
-                    passed_over.add(row.pk)
-                if per_run or time.monotonic() > deadline:
-                    break
+        try:
+            with transaction.atomic():
+                savepoints = guarded()
+                deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
+                for index in range(size):
+                    if should_stop():
+                        drained = True
+                        break
+                    claimed = db.claim_due(tenant, now, passed_over)
+                    if claimed is None:
+                        drained = True
+                        break
+                    row, trigger = claimed
+                    per_run = _commits_per_run(row)
+                    if per_run and index > 0:
+                        break  # commit the others first; the next batch starts with it
+                    outcome = _resume_in_batch(row, trigger, clock(), batch, tenant, savepoints)
+                    if outcome in ("skipped", "error"):
+                        passed_over.add(row.pk)
+                    if per_run or time.monotonic() > deadline:
+                        break
+        except _Unwound as unwound:
+            passed_over.add(unwound.row.pk)
+            if _count_unwound(unwound.row, unwound.error):
+                report.failed += 1
+            else:
+                report.errors += 1
+            continue
         report.add(batch)
         if drained:
             return
 
 
 def _resume_in_batch(
-    row: WorkflowRunPending, now: datetime, batch: ResumeReport, tenant: str
+    row: WorkflowRunPending,
+    trigger: Event | None,
+    now: datetime,
+    batch: ResumeReport,
+    tenant: str,
+    savepoint: bool,
 ) -> str:
-    """Resume ``row`` in its own savepoint and count the outcome in ``batch``."""
+    """Resume ``row`` (in a savepoint of its own if ``savepoint``); count its outcome."""
     try:
-        outcome, claimed = resume_one(row, now)
+        if savepoint:
+            with transaction.atomic():
+                outcome, claimed = resume_row(row, trigger, now)
+        else:
+            outcome, claimed = resume_row(row, trigger, now)
     except Exception as exc:
         if _connection_broken():
             # Every row after this one would fail the same way: end the
@@ -409,6 +424,8 @@ def _resume_in_batch(
         logger.exception(
             "run=%s step=%s tenant=%s could not be resumed", row.run_id, row.step, tenant
         )
+        if not savepoint:
+            raise _Unwound(row, exc) from exc
         if _resume_raised(row, exc):
             batch.failed += 1
         else:
@@ -417,6 +434,32 @@ def _resume_in_batch(
     batch.resumed += claimed
     setattr(batch, outcome, getattr(batch, outcome) + 1)
     return outcome
+
+
+def guarded() -> bool:
+    """Whether each run's writes need a savepoint: code besides the engine's reacts to them.
+
+    A site's projection or ``post_save`` receiver for run events runs
+    inside the run's writes; if it raises, the savepoint takes that run
+    back alone. The engine's own projections raise only when the database
+    does, which rolls the batch back like a crash.
+    """
+    return projections.foreign_handlers(et.RUN_EVENTS) or others_listen_to_post_save()
+
+
+def _count_unwound(row: WorkflowRunPending, exc: Exception) -> bool:
+    """:func:`_resume_raised` after the batch holding ``row`` was rolled back.
+
+    The row is counted only if it is still the same suspension and nobody
+    holds it (another worker may have taken it meanwhile).
+    """
+    with transaction.atomic():
+        held = (
+            WorkflowRunPending.objects.select_for_update(skip_locked=True)
+            .filter(pk=row.pk, run_version=row.run_version)
+            .exists()
+        )
+        return held and _resume_raised(row, exc)
 
 
 def max_resume_errors() -> int:

@@ -336,9 +336,15 @@ def project_pending(event: Event, replaying: bool) -> None:
 def register(projections: Any) -> None:
     """Register the built-in projections, in the order they must run."""
     projections.register(
-        "kumiko_workflows.run_status", set(et.RUN_EVENTS), project_run_status, order=10
+        "kumiko_workflows.run_status",
+        set(et.RUN_EVENTS),
+        project_run_status,
+        order=10,
+        builtin=True,
     )
-    projections.register("kumiko_workflows.pending", set(et.RUN_EVENTS), project_pending, order=20)
+    projections.register(
+        "kumiko_workflows.pending", set(et.RUN_EVENTS), project_pending, order=20, builtin=True
+    )
     # The wake-up appends run events: a replay replays those, not the wake-up.
     projections.register(
         "kumiko_workflows.wakeup",
@@ -346,7 +352,13 @@ def register(projections: Any) -> None:
         wakeups.project_wakeup,
         order=30,
         replay=False,
+        builtin=True,
     )
     projections.register(
-        "kumiko_workflows.trigger", registry.is_trigger, trigger_projection, order=40, replay=False
+        "kumiko_workflows.trigger",
+        registry.is_trigger,
+        trigger_projection,
+        order=40,
+        replay=False,
+        builtin=True,
     )

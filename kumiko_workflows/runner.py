@@ -1,25 +1,26 @@
 """Running a workflow's steps: the inline start and each resumed segment.
 
 A *segment* opens with ``run-started`` or ``step.resumed`` and runs steps
-from a cursor until the run suspends, completes or fails. It runs in the
-caller's savepoint: when a step fails, the savepoint takes the steps' writes
-back, and the opening event and ``workflow.run-failed`` are written in their
-place (:class:`SegmentFailed`), so the transaction around the segment (the
-domain write that triggered the run, or the resume) still commits. Raw
-error text goes to the log and to the mutable ``WorkflowRun.last_error``,
-never into an event.
+from a cursor until the run suspends, completes or fails. When a step fails,
+the steps' writes are rolled back to a savepoint taken before the first of
+them (:class:`LazySavepoint`: none at all for steps that never query) and
+``workflow.run-failed`` follows the opening event, so the transaction
+around the segment (the domain write that triggered the run, or the
+resume) still commits. Raw error text goes to the log and to the mutable
+``WorkflowRun.last_error``, never into an event.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from kumiko_workflows import durations, event_types, matching, wakeups
 from kumiko_workflows.conf import workflow_settings
@@ -57,6 +58,7 @@ from kumiko_workflows.streams import (
 )
 
 logger = logging.getLogger("kumiko_workflows.runner")
+
 
 class RunContext:
     """What a step's callables receive as ``ctx``.
@@ -341,38 +343,46 @@ class Executor:
         self.ctx.retry_attempt = 1
 
 
-class SegmentFailed(Exception):
-    """A segment failed: unwind its savepoint, then :meth:`record` the failure.
+class LazySavepoint:
+    """A savepoint taken only when the code it watches first touches the database.
 
-    Raised out of the savepoint that holds the segment, so the steps' writes
-    and the segment's opening event (``run-started`` or ``step.resumed``) roll
-    back together; ``record`` then writes the opening again and
-    ``workflow.run-failed`` after it. A step's failure so costs no savepoint
-    of its own on the path where nothing fails.
+    A failing step must take back the database writes of the segment's
+    steps, but not the run's own events. Most steps never query: watching
+    them costs no round trip, and a step that does query pays for the
+    savepoint once, just before its first statement (on the engine's
+    connection; its writes through other aliases are its own). Installed as
+    an execute wrapper, so a step's own atomic blocks nest inside it.
     """
 
-    def __init__(
-        self,
-        stream: RunStream,
-        opening: tuple[str, dict[str, Any]],
-        failure: Failure,
-        *,
-        state: dict[str, Any] | None,
-        retry_from: str | None,
-    ) -> None:
-        super().__init__(failure.message)
-        self.stream = stream
-        self.mark = stream.mark()
-        self.opening = opening
-        self.failure = failure
-        self.state = state
-        self.retry_from = retry_from
+    def __init__(self) -> None:
+        self._atomic: Any = None
+        self._busy = False
+        self.paused = False
 
-    def record(self) -> Event:
-        """Append the opening event and ``workflow.run-failed`` (in the caller's savepoint)."""
-        self.stream.rewind(self.mark)
-        self.stream.append(*self.opening)
-        return fail_run(self.stream, self.failure, state=self.state, retry_from=self.retry_from)
+    def _before(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if self._atomic is None and not self._busy and not self.paused:
+            self._busy = True  # the SAVEPOINT statement itself passes through here
+            try:
+                atomic = transaction.atomic()
+                atomic.__enter__()
+                self._atomic = atomic
+            finally:
+                self._busy = False
+        return execute(sql, params, many, context)
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        with connection.execute_wrapper(self._before):
+            yield
+
+    def end(self, error: BaseException | None) -> None:
+        """Release the savepoint (``error`` None) or roll back to it; a no-op if none was taken."""
+        atomic, self._atomic = self._atomic, None
+        if atomic is not None:
+            if error is None:
+                atomic.__exit__(None, None, None)
+            else:
+                atomic.__exit__(type(error), error, error.__traceback__)
 
 
 def run_segment(
@@ -382,11 +392,13 @@ def run_segment(
     cursor: Cursor | None,
     opening: tuple[str, dict[str, Any]],
 ) -> str:
-    """Append ``opening``, run steps from ``cursor``; return 'completed' or 'suspended'.
+    """Append ``opening``, run steps from ``cursor``; return 'completed', 'suspended' or 'failed'.
 
-    Must run inside a savepoint. Raises :class:`VersionConflict` if the
-    opening event loses its race, and :class:`SegmentFailed` if a step fails:
-    the caller unwinds its savepoint, then records the failure.
+    Raises :class:`VersionConflict` if the opening event loses its race. A
+    failing step fails the run: the steps' database writes are rolled back
+    (:class:`LazySavepoint`) and ``workflow.run-failed`` follows the
+    opening. Any other error propagates with the run's events written so
+    far: the caller's transaction (or savepoint) must be rolled back.
     """
     start_state = ctx.snapshot()
     if cursor is None or not cursor.path:
@@ -395,48 +407,76 @@ def run_segment(
         retry_from = workflow.next_position(path_text(cursor.path))
     else:
         retry_from = path_text(cursor.path)
-    mark = stream.mark()
     opened = stream.append(*opening)
     if ctx.now is None:
         ctx.now = opened.created_at  # an inline start runs at its run-started instant
+    savepoint = LazySavepoint()
     try:
-        try:
-            Executor(workflow, ctx).run(cursor)
-        except Suspend as suspension:
-            payload = {
-                **suspension.payload,
-                "workflow_name": workflow.name,
-                "definition_fingerprint": workflow.fingerprint,
-                "trigger_event_id": stream.trigger_event_id,
-                "state": ctx.snapshot(),
-            }
+        with savepoint.watching():
+            suspension: Suspend | None = None
             try:
-                stream.append(suspension.type, payload)
-            except InvalidEvent as exc:
-                # Results too big to keep: fail the run, or every pass
-                # would run the steps again and hit the limit again.
-                step = suspension.payload["step"]
-                raise Failure(
-                    INVALID_STEP_RESULT,
-                    step,
-                    f"{workflow.label(step)}: the step results cannot be saved to suspend",
-                    detail=f"{workflow.label(step)}: {exc}",
-                ) from None
-            return "suspended"
-        stream.append(
-            event_types.RUN_COMPLETED,
-            {"workflow_name": workflow.name, "step_count": len(workflow.steps)},
-        )
-        return "completed"
+                Executor(workflow, ctx).run(cursor)
+            except Suspend as suspended:
+                suspension = suspended
+            savepoint.paused = True  # the run's own events need none
+            if suspension is None:
+                stream.append(
+                    event_types.RUN_COMPLETED,
+                    {"workflow_name": workflow.name, "step_count": len(workflow.steps)},
+                )
+                outcome = "completed"
+            else:
+                _suspend(workflow, stream, ctx, suspension)
+                outcome = "suspended"
+    except Failure as failure:
+        savepoint.end(failure)
+        fail_run(stream, failure, state=start_state, retry_from=retry_from)
+        return "failed"
     except VersionConflict as exc:
+        savepoint.end(exc)
         # Only the opening event races (it is the claim); a conflict after it
         # means the stream moved under a held run: an error, not a skip.
         raise StreamMoved(f"run {stream.run_id}: {exc}") from exc
-    except Failure as failure:
-        stream.rewind(mark)  # the caller's savepoint takes the appends back
-        raise SegmentFailed(
-            stream, opening, failure, state=start_state, retry_from=retry_from
-        ) from failure.exc
+    except BaseException as exc:
+        savepoint.end(exc)
+        raise
+    savepoint.end(None)
+    return outcome
+
+
+def _suspend(workflow: Workflow, stream: RunStream, ctx: RunContext, suspension: Suspend) -> None:
+    payload = {
+        **suspension.payload,
+        "workflow_name": workflow.name,
+        "definition_fingerprint": workflow.fingerprint,
+        "trigger_event_id": stream.trigger_event_id,
+        "state": ctx.snapshot(),
+    }
+    try:
+        stream.append(suspension.type, payload)
+    except InvalidEvent as exc:
+        # Results too big to keep (refused before any SQL): fail the run, or
+        # every pass would run the steps again and hit the limit again.
+        step = suspension.payload["step"]
+        raise Failure(
+            INVALID_STEP_RESULT,
+            step,
+            f"{workflow.label(step)}: the step results cannot be saved to suspend",
+            detail=f"{workflow.label(step)}: {exc}",
+        ) from None
+
+
+def fail_opened(
+    stream: RunStream,
+    opening: tuple[str, dict[str, Any]],
+    failure: Failure,
+    *,
+    state: dict[str, Any] | None,
+    retry_from: str | None,
+) -> Event:
+    """Append ``opening``, then ``workflow.run-failed``: a segment failed before any step ran."""
+    stream.append(*opening)
+    return fail_run(stream, failure, state=state, retry_from=retry_from)
 
 
 # --- starting runs from trigger events --------------------------------------
@@ -493,10 +533,12 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
     opening = (event_types.RUN_STARTED, started)
     fresh = stream.mark()
     try:
-        try:
-            with transaction.atomic():
-                if filter_error is not None:
-                    raise SegmentFailed(stream, opening, filter_error, state=None, retry_from=None)
+        # One savepoint for the whole start: an error in the engine's own
+        # writes takes them all back, and the domain write still commits.
+        with transaction.atomic():
+            if filter_error is not None:
+                fail_opened(stream, opening, filter_error, state=None, retry_from=None)
+            else:
                 ctx = RunContext(
                     run_id=run_id,
                     workflow_name=workflow.name,
@@ -505,9 +547,6 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
                     now=now,
                 )
                 run_segment(workflow, stream, ctx, None, opening)
-        except SegmentFailed as failed:
-            with transaction.atomic():
-                failed.record()
         return run_id
     except VersionConflict:
         logger.info(
@@ -538,7 +577,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         )
         try:
             with transaction.atomic():
-                SegmentFailed(stream, opening, failure, state=None, retry_from=None).record()
+                fail_opened(stream, opening, failure, state=None, retry_from=None)
         except Exception:
             logger.exception(
                 "workflow=%s run=%s failure could not be recorded", workflow.name, run_id

@@ -1,9 +1,9 @@
 """Batches commit several runs at once, but never run a finished step twice without a crash.
 
-A worker claims due rows one at a time inside a batch's transaction, each run
-in a savepoint of its own: a failing run is recorded alone, a slow step holds
-no row it has not reached, and ``commit="per_run"`` gives a workflow a commit
-of its own.
+A worker claims due rows one at a time inside a batch's transaction: a
+failing step's writes roll back to a savepoint taken before its first
+statement, so the run is recorded failed alone; a slow step holds no row it
+has not reached; ``commit="per_run"`` gives a workflow a commit of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_
 from kumiko_workflows import event_types as et
 from kumiko_workflows.definition import registry
 from kumiko_workflows.exceptions import WorkflowDefinitionError
-from kumiko_workflows.models import Event, WorkflowRun
+from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from tests.conftest import subprocess_env, trigger, types_of
 from tests.testapp import workflows as w
 
@@ -79,6 +79,66 @@ def test_commit_per_run_is_a_workflow_option_and_a_bad_one_is_refused(tmp_path):
     assert (report.resumed, report.completed) == (3, 3)
     with pytest.raises(WorkflowDefinitionError, match="commit must be one of batch, per_run"):
         _line_workflow("sometimes")
+
+
+@pytest.mark.django_db
+def test_steps_that_never_query_cost_no_savepoint(tmp_path):
+    """The savepoint that protects a step's writes is taken only before its first statement."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    global LINES
+    LINES = tmp_path / "lines.txt"
+    with registry.override(_line_workflow()):
+        events = [trigger("t.lines", number=n) for n in (1, 2, 3)]
+        with CaptureQueriesContext(connection) as queries:
+            report = resume_due_runs(now=events[-1].created_at + _SECOND)
+    assert (report.resumed, report.completed) == (3, 3)
+    savepoints = [q["sql"] for q in queries if q["sql"].startswith("SAVEPOINT")]
+    # One: the batch's own atomic block, a savepoint only because the test's
+    # transaction is around it. None per run.
+    assert len(savepoints) == 1, savepoints
+
+
+def _fail_run_status_update_of(run_id):
+    """An execute wrapper: the database refuses the status UPDATE of one run (a fault)."""
+    from django.db import OperationalError
+
+    def wrapper(execute, sql, params, many, context):
+        names = {str(run_id), run_id.hex}
+        if sql.startswith("UPDATE") and "workflowrun\"" in sql and names & set(map(str, params)):
+            raise OperationalError("injected: the database refused the statement")
+        return execute(sql, params, many, context)
+
+    return wrapper
+
+
+@pytest.mark.django_db
+def test_an_error_in_the_engines_own_writes_rolls_back_that_run_and_counts_it(tmp_path, settings):
+    """With no site code reacting to run events, a run's writes have no savepoint of their
+    own: an error in them rolls back the transaction, the run is counted as an error with its
+    stream untouched, and at a commit per run no other run's step runs twice."""
+    from django.db import connection
+
+    global LINES
+    LINES = tmp_path / "lines.txt"
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_SIZE": 1}
+    with registry.override(_line_workflow()):
+        events = [trigger("t.lines", number=n) for n in (1, 2, 3)]
+        broken = run_id_for("t-lines", events[1].payload["run_key"])
+        with connection.execute_wrapper(_fail_run_status_update_of(broken)):
+            report = resume_due_runs(now=events[-1].created_at + _SECOND)
+
+    assert (report.completed, report.errors, report.failed) == (2, 1, 0), report
+    assert types_of(broken) == [et.RUN_STARTED, et.WAITING]
+    pending = WorkflowRunPending.objects.get(run_id=broken)
+    assert pending.resume_errors == 1
+    # Runs 1 and 3 wrote once each; the broken run's step ran in its rolled-back attempt.
+    assert sorted(map(int, LINES.read_text().split())) == [1, 2, 3]
+    with registry.override(_line_workflow()):
+        again = resume_due_runs(now=events[-1].created_at + 2 * _SECOND)
+    assert (again.completed, again.errors) == (1, 0)
+    assert types_of(broken)[-1] == et.RUN_COMPLETED
 
 
 HOLDER = textwrap.dedent(
