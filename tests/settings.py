@@ -28,6 +28,8 @@ INSTALLED_APPS = [
     "kumiko_workflows",
     "example_project.orders",
     "tests.testapp",
+    # The benchmark (not shipped): tests/test_bench.py runs its scenarios.
+    "kumiko_bench",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -1,7 +1,9 @@
-"""``manage.py kumiko_bench`` runs every scenario at a tiny size and leaves nothing behind.
+"""``manage.py kumiko_bench`` runs every scenario in a scratch database it drops.
 
 No timings are asserted: the figures depend on the machine. Worker processes
-need committed rows, hence ``transaction=True``.
+need committed rows, hence ``transaction=True``. The bench works in a
+database of its own (``<name>_kbench_<token>`` on PostgreSQL, a temporary
+file on SQLite), so the test database must come out of it unwritten.
 """
 
 from __future__ import annotations
@@ -9,17 +11,17 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 
-from kumiko_workflows.bench import SCENARIOS
+from kumiko_bench.scenarios import Bench
 from kumiko_workflows.definition import registry
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from tests.conftest import REPO, on_postgres, subprocess_env
@@ -71,20 +73,46 @@ def _tables() -> set[str]:
         return set(connection.introspection.table_names(cursor))
 
 
-def test_every_scenario_prints_its_result_lines_and_removes_its_scratch_data(tmp_path):
-    tables = _tables()
+def _scratch_name(output: str) -> str:
+    found = re.search(
+        r"^kumiko_bench: scratch database (\S+) \(dropped at the end\)$", output, re.M
+    )
+    assert found, output
+    return found.group(1)
+
+
+def _database_exists(name: str) -> bool:
+    if not on_postgres():
+        return Path(name).exists() or Path(name).parent.exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+        return cursor.fetchone() is not None
+
+
+def assert_untouched(configured: str, tables: set[str]) -> None:
+    """The configured database is the current one again, and nothing was written to it."""
+    assert connection.settings_dict["NAME"] == configured
+    assert settings.DATABASES["default"]["NAME"] == configured
+    assert _tables() == tables
+    assert not Event.objects.exists()
+    assert not WorkflowRun.objects.exists()
+    assert not WorkflowRunPending.objects.exists()
+
+
+def test_every_scenario_prints_its_result_lines_in_a_scratch_database_it_drops(tmp_path):
+    configured, tables = connection.settings_dict["NAME"], _tables()
     report = tmp_path / "bench.json"
 
     output = _bench("--n", "20", "--json", str(report))
 
     assert_result_lines(output)
     assert '"results"' in report.read_text()
-
-    tenant = re.search(r"tenant=(kumiko-bench-\w+)", output).group(1)
-    assert not Event.objects.filter(tenant_id=tenant).exists()
-    assert not WorkflowRun.objects.filter(tenant_id=tenant).exists()
-    assert not WorkflowRunPending.objects.filter(tenant_id=tenant).exists()
-    assert _tables() == tables
+    scratch = _scratch_name(output)
+    assert scratch != configured
+    if on_postgres():
+        assert scratch.startswith(f"{configured}_kbench_")
+    assert not _database_exists(scratch)
+    assert_untouched(configured, tables)
 
 
 def test_the_users_rows_are_left_alone():
@@ -97,68 +125,86 @@ def test_the_users_rows_are_left_alone():
     assert list(Event.objects.values_list("pk", flat=True)) == [mine.pk]
 
 
-def test_an_unknown_scenario_is_refused():
-    from django.core.management.base import CommandError
+def test_a_failing_scenario_still_stops_its_workers_and_drops_its_database(monkeypatch):
+    configured, tables = connection.settings_dict["NAME"], _tables()
+    workers = []
 
+    def breaks(bench: Bench) -> None:
+        bench.fresh_database()
+        # A worker that has connected to the scratch database and waits for GO.
+        workers.extend(bench.start_workers("drain", 1))
+        raise RuntimeError("the scenario broke")
+
+    monkeypatch.setattr(Bench, "scenario_scan", breaks)
+    out = StringIO()
+    with registry.override(), pytest.raises(CommandError, match="the scenario broke"):
+        call_command("kumiko_bench", "--scenario", "scan", *QUICK, stdout=out)
+
+    assert workers and all(proc.poll() is not None for proc in workers)
+    assert not _database_exists(_scratch_name(out.getvalue()))
+    assert_untouched(configured, tables)
+
+
+def test_debug_on_is_refused(settings):
+    # The bench no longer switches DEBUG off at run time: its settings do.
+    settings.DEBUG = True
+
+    with pytest.raises(CommandError, match="DEBUG = False"):
+        call_command("kumiko_bench", "--scenario", "append")
+
+
+def test_an_unknown_scenario_is_refused():
     with pytest.raises(CommandError, match="invalid choice"):
         call_command("kumiko_bench", "--scenario", "nope")
 
 
-@pytest.fixture
-def fresh_database_url(tmp_path: Path) -> Iterator[str]:
-    """A brand-new, empty database on the test database's server, dropped afterwards."""
+def test_a_worker_needs_its_scratch_database():
+    with pytest.raises(CommandError, match="--scratch"):
+        call_command("kumiko_bench", "--worker", "drain", "--tenant", "kumiko-bench-x")
+
+
+def _database_url(tmp_path: Path) -> str:
+    """The test database as a URL (on SQLite, a file the bench must never create)."""
     if not on_postgres():
-        yield f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
-        return
-    import psycopg
-    from psycopg import sql
-
+        return f"sqlite:///{tmp_path / 'configured.sqlite3'}"
     db = connection.settings_dict
-    name = f"kumiko_bench_fresh_{uuid.uuid4().hex[:12]}"
-    server = {
-        "host": db["HOST"] or None,
-        "port": db["PORT"] or None,
-        "user": db["USER"] or None,
-        "password": db["PASSWORD"] or None,
-    }
-    with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        user = quote(db["USER"] or "", safe="")
-        password = f":{quote(db['PASSWORD'], safe='')}" if db["PASSWORD"] else ""
-        yield f"postgres://{user}{password}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{name}"
-    finally:
-        with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    user = quote(db["USER"] or "", safe="")
+    password = f":{quote(db['PASSWORD'], safe='')}" if db["PASSWORD"] else ""
+    host = f"{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}"
+    return f"postgres://{user}{password}@{host}/{db['NAME']}"
 
 
-def test_the_bench_runs_on_a_freshly_migrated_database(fresh_database_url):
-    # What a user does (README, Performance): the example project's settings,
-    # a new database, migrate, then the bench, each a real process.
-    env = subprocess_env(
-        DJANGO_SETTINGS_MODULE="example_project.settings", DATABASE_URL=fresh_database_url
+def test_the_readme_command_runs_every_scenario_on_freshly_created_databases(tmp_path):
+    # What a user does (README, Performance): the bench's own settings, the
+    # server in DATABASE_URL, a real process. Every measurement runs on a
+    # database the bench has just created and migrated (so a drain's seeded
+    # events have ids from 1, the ids a scratch copy of the event table hands
+    # out first unless told otherwise), and none is left behind.
+    configured, tables = connection.settings_dict["NAME"], _tables()
+    env = subprocess_env(DATABASE_URL=_database_url(tmp_path))
+    for name in ("DJANGO_SETTINGS_MODULE", "KUMIKO_TEST_DB_NAME"):
+        env.pop(name)
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "manage.py"),
+            "kumiko_bench",
+            "--settings",
+            "kumiko_bench.settings",
+            "--n",
+            "20",
+            *QUICK,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    env.pop("KUMIKO_TEST_DB_NAME")
 
-    def manage(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, str(REPO / "manage.py"), *args],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
-
-    manage("migrate", "-v", "0")
-    # drain first: its seeded events then have ids from 1, the very ids a
-    # scratch copy of the event table hands out first unless told otherwise.
-    order = ["drain", *(name for name in SCENARIOS if name != "drain")]
-    scenarios = [arg for name in order for arg in ("--scenario", name)]
-    output = manage("kumiko_bench", "--n", "20", *QUICK, *scenarios)
-
-    assert_result_lines(output)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_result_lines(done.stdout)
+    assert not _database_exists(_scratch_name(done.stdout))
+    assert not (tmp_path / "configured.sqlite3").exists()
+    assert_untouched(configured, tables)

@@ -1,18 +1,19 @@
 """``manage.py kumiko_bench``: the engine's throughput and latency beside its floors.
 
-Scenarios live in :mod:`kumiko_workflows.bench`. Each prints
+Scenarios live in :mod:`kumiko_bench.scenarios`. Each prints
 ``RESULT name=kumiko_<scenario> n=<N> seconds=<S> per_sec=<R>`` and, where it
 has a baseline measured in the same run, ``RATIO name=<scenario> value=<x>``;
-a table for people follows. ``--worker`` is internal: the command starts
-itself again as its worker processes.
+a table for people follows. Everything happens in a scratch database the
+command creates and drops (:mod:`kumiko_bench.scratch`). ``--worker`` is
+internal: the command starts itself again as its worker processes.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
@@ -21,13 +22,14 @@ from kumiko_workflows.management.arguments import positive_float, positive_int
 
 class Command(BaseCommand):
     help = (
-        "Benchmark the event store and the resume loop against hand-written SQL on scratch "
-        "tables, in a scratch tenant (removed afterwards). Use PostgreSQL for real figures."
+        "Benchmark the event store and the resume loop against hand-written SQL, in a scratch "
+        "database created beside the configured one and dropped afterwards. Use PostgreSQL "
+        "for real figures."
     )
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        from kumiko_workflows.bench import DEFAULT_N, SCENARIOS, SLOW_SECONDS
+        from kumiko_bench.scenarios import DEFAULT_N, SCENARIOS, SLOW_SECONDS
 
         parser.add_argument(
             "--scenario",
@@ -64,17 +66,16 @@ class Command(BaseCommand):
         parser.add_argument("--json", metavar="PATH", help="Also write the results as JSON.")
         parser.add_argument("--worker", help="internal: run as a worker process")
         parser.add_argument("--tenant", help="internal: the bench tenant of a worker")
-        parser.add_argument("--prefix", help="internal: the scratch table prefix of a worker")
+        parser.add_argument("--scratch", help="internal: the scratch database of a worker")
         parser.add_argument(
             "--batch-size", type=positive_int, help="internal: BATCH_SIZE of a drain worker"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["worker"]:
-            name = os.environ.get("KUMIKO_BENCH_DB_NAME")
-            if name:
-                connection.settings_dict["NAME"] = name
-            from kumiko_workflows.bench import worker_main
+            if not options["scratch"]:
+                raise CommandError("--worker needs --scratch: workers run in the scratch database")
+            from kumiko_bench.scenarios import worker_main
 
             def out(line: str) -> None:
                 self.stdout.write(line)
@@ -83,13 +84,19 @@ class Command(BaseCommand):
             worker_main(
                 options["worker"],
                 options["tenant"],
-                options["prefix"],
+                options["scratch"],
                 out,
                 batch_size=options["batch_size"],
             )
             return
 
-        from kumiko_workflows.bench import SCENARIOS, Bench, worker_environment
+        if settings.DEBUG:
+            raise CommandError(
+                "kumiko_bench measures what production runs: use settings with DEBUG = False, "
+                "such as --settings kumiko_bench.settings (with DEBUG on, Django keeps every "
+                "query in memory)"
+            )
+        from kumiko_bench.scenarios import SCENARIOS, Bench, worker_environment
 
         command, env = worker_environment()
         bench = Bench(

@@ -1,10 +1,11 @@
 """The scenarios behind ``manage.py kumiko_bench``: the engine against its floors.
 
-Every scenario works in a tenant of its own (``kumiko-bench-<random>``) and in
-scratch tables (``kumiko_bench_<random>_*``), and removes both when it ends,
-so the user's rows are never read or written. Worker processes are this same
-command started again with ``--worker``: importing this module registers the
-bench workflows there too.
+Every measurement starts on an empty, freshly migrated scratch database
+(:mod:`kumiko_bench.scratch`) that is dropped at the end, so the database the
+settings name is never read or written, and no row is ever deleted from the
+append-only event table. Worker processes are this same command started
+again with ``--worker`` and the scratch database's name; they register the
+bench workflows too.
 
 Baselines run in the same invocation, interleaved with the engine, so that a
 noisy machine slows both alike; each ratio is the median of the rounds.
@@ -28,21 +29,22 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.test.utils import override_settings
 from django.utils import timezone
 
+from kumiko_bench.scratch import ScratchDatabase, use_database
 from kumiko_workflows import event_types as et
 from kumiko_workflows.definition import define_workflow, on_event, run_id_for
 from kumiko_workflows.models import (
     Event,
     RunStatus,
-    WakeCheck,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
 )
 from kumiko_workflows.steps import compute, wait, wait_for_event
 
-logger = logging.getLogger("kumiko_workflows.bench")
+logger = logging.getLogger("kumiko_bench")
 
 SOURCE = "kumiko-bench"
 DRAIN_WORKFLOW = "kumiko-bench-drain"
@@ -53,6 +55,8 @@ WAKE_TRIGGER = "kumiko-bench.wake-started"
 SLOW_TRIGGER = "kumiko-bench.slow-requested"
 WAKE_EVENT = "kumiko-bench.wake-go"
 APPEND_TYPE = "kumiko-bench.appended"
+#: Scratch tables (the baselines' copies) are named ``kumiko_bench_<name>``.
+PREFIX = "kumiko_bench"
 
 SCENARIOS = ("append", "start", "drain", "slow_step", "scan", "wake", "wake_scale", "memory")
 DEFAULT_N = {
@@ -167,7 +171,7 @@ class Skipped:
 
 
 class Bench:
-    """Runs scenarios against ``connection``; ``out`` prints one line."""
+    """Runs scenarios, each in a fresh scratch database; ``out`` prints one line."""
 
     def __init__(
         self,
@@ -185,12 +189,11 @@ class Bench:
         self.out = out
         self.worker_command = worker_command
         self.worker_env = worker_env
-        token = uuid.uuid4().hex[:10]
-        self.tenant = f"kumiko-bench-{token}"
-        self.prefix = f"kumiko_bench_{token}"
+        self.tenant = f"kumiko-bench-{uuid.uuid4().hex[:10]}"
         self.results: list[Result | Skipped] = []
         self.vendor = connection.vendor
-        production_mode()
+        self.scratch: ScratchDatabase | None = None
+        self.workers: list[subprocess.Popen] = []
         register_bench_workflows()
 
     # -- helpers ----------------------------------------------------------------
@@ -212,7 +215,7 @@ class Bench:
         self.out(f"SKIPPED name=kumiko_{scenario} reason={reason}")
 
     def table(self, name: str) -> str:
-        return connection.ops.quote_name(f"{self.prefix}_{name}")
+        return connection.ops.quote_name(f"{PREFIX}_{name}")
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         with connection.cursor() as cursor:
@@ -220,25 +223,29 @@ class Bench:
             return cursor.fetchall() if cursor.description else []
 
     def run(self, scenarios: Iterable[str]) -> None:
-        try:
-            for scenario in scenarios:
-                getattr(self, f"scenario_{scenario}")()
-                self.cleanup()
-        finally:
-            self.cleanup()
+        """Run ``scenarios`` in a scratch database, dropped at the end whatever happens."""
+        with ScratchDatabase() as scratch:
+            self.scratch = scratch
+            self.out(f"kumiko_bench: scratch database {scratch.name} (dropped at the end)")
+            try:
+                for scenario in scenarios:
+                    getattr(self, f"scenario_{scenario}")()
+            finally:
+                # A scenario that failed may leave workers running: none may
+                # hold a session in the scratch database when it is dropped.
+                for proc in self.workers:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.communicate(timeout=30)
+                self.scratch = None
 
     # -- scratch data -------------------------------------------------------------
 
-    def cleanup(self) -> None:
-        """Delete the bench tenant's rows and drop the scratch tables."""
-        for model in (Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey, WakeCheck):
-            # Events refuse QuerySet.delete(): remove the bench tenant's by SQL.
-            table = connection.ops.quote_name(model._meta.db_table)
-            self.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [self.tenant])  # noqa: S608
-        with connection.cursor() as cursor:
-            for name in connection.introspection.table_names(cursor):
-                if name.startswith(self.prefix):
-                    cursor.execute(f"DROP TABLE {connection.ops.quote_name(name)}")
+    def fresh_database(self) -> None:
+        """Start a measurement on an empty, freshly migrated scratch database."""
+        assert self.scratch is not None, "scenarios run inside Bench.run"
+        self.workers = [proc for proc in self.workers if proc.poll() is None]
+        self.scratch.renew()
 
     def scratch_like(self, name: str, model: type[Any]) -> str:
         """Create a scratch table with ``model``'s columns, constraints and indexes."""
@@ -256,14 +263,15 @@ class Bench:
         plain = model._meta.db_table
         for statement in statements:
             renamed = statement.replace(f'"{plain}"', scratch).replace(
-                " INDEX ", f" INDEX {self.prefix}_"
+                " INDEX ", f" INDEX {PREFIX}_"
             )
-            self.execute(renamed.replace(f'INDEX {self.prefix}_"', f'INDEX "{self.prefix}_'))
+            self.execute(renamed.replace(f'INDEX {PREFIX}_"', f'INDEX "{PREFIX}_'))
         return scratch
 
     # -- workers ------------------------------------------------------------------
 
     def start_workers(self, mode: str, count: int, *extra: str) -> list[subprocess.Popen]:
+        assert self.scratch is not None and self.scratch.exists, "workers need a scratch database"
         procs = []
         for _ in range(count):
             proc = subprocess.Popen(
@@ -273,8 +281,8 @@ class Bench:
                     mode,
                     "--tenant",
                     self.tenant,
-                    "--prefix",
-                    self.prefix,
+                    "--scratch",
+                    self.scratch.name,
                     *extra,
                 ],
                 env=self.worker_env,
@@ -283,6 +291,7 @@ class Bench:
                 text=True,
             )
             procs.append(proc)
+            self.workers.append(proc)
         for proc in procs:
             line = proc.stdout.readline() if proc.stdout else ""
             if not line.startswith("READY"):
@@ -448,16 +457,13 @@ class Bench:
             self.execute(f"ANALYZE {pending}")
         return events, pending
 
-    def drop_floor(self) -> None:
-        for name in ("floor_events", "floor_pending"):
-            self.execute(f"DROP TABLE IF EXISTS {self.table(name)}")
-
     # -- scenarios ------------------------------------------------------------------
 
     def scenario_append(self) -> None:
         from kumiko_workflows.store import append_event
 
         n = self.size("append")
+        self.fresh_database()
         scratch = self.scratch_like("append", Event)
         columns = (
             "tenant_id, aggregate_id, aggregate_type, version, type, event_version, "
@@ -500,6 +506,7 @@ class Bench:
         from kumiko_workflows.store import append_event
 
         n = self.size("start")
+        self.fresh_database()
         future = (timezone.now() + timedelta(days=1)).isoformat()
         started = time.perf_counter()
         for _ in range(n):
@@ -543,6 +550,7 @@ class Bench:
         floor_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
         for _ in range(self.rounds):
             for name, workers, size, _note in modes:
+                self.fresh_database()
                 run_ids = self.seed_due_runs(n)
                 self.copy_to_floor()
                 procs = self.start_workers("drain", workers, "--batch-size", str(size))
@@ -557,8 +565,6 @@ class Bench:
                 if done != n:
                     raise RuntimeError(f"the SQL floor resumed {done} of {n} runs")
                 floor_times[name].append(seconds)
-                self.drop_floor()
-                self.cleanup()
         for name, workers, _size, note in modes:
             label = f"SQL floor, {workers} process{'es' if workers > 1 else ''}"
             self._ratio_result(name, n, engine_times[name], floor_times[name], label, note=note)
@@ -598,6 +604,7 @@ class Bench:
         p95s: list[float] = []
         maxes: list[float] = []
         for _ in range(self.rounds):
+            self.fresh_database()
             # Started first: a wait until a past instant is due when it starts,
             # so the slow run is the oldest due row, the first a worker claims.
             key = f"slow-{uuid.uuid4().hex}"
@@ -624,7 +631,6 @@ class Bench:
             p50s.append(_pct(lags, 50))
             p95s.append(_pct(lags, 95))
             maxes.append(max(lags))
-            self.cleanup()
         p50, p95, most = (statistics.median(values) for values in (p50s, p95s, maxes))
         seconds = statistics.median(walls)
         self.emit(
@@ -652,6 +658,7 @@ class Bench:
 
     def scenario_scan(self) -> None:
         not_due = self.size("scan")
+        self.fresh_database()
         table = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
         now = timezone.now()
         columns = (
@@ -722,6 +729,7 @@ class Bench:
             self.skip("wake", "needs PostgreSQL (LISTEN/NOTIFY wakes --loop workers)")
             return
         trials = self.size("wake")
+        self.fresh_database()
         procs = self.start_workers("loop", 1)
         latencies = []
         try:
@@ -772,13 +780,13 @@ class Bench:
         sizes = [size for size in WAKE_SCALE_SIZES if size <= self.size("wake_scale")]
         first_p50 = None
         for waiting in sizes:
+            self.fresh_database()
             self._seed_waiting(waiting, scan=False)
             keyed = self._time_wakes(append_event)
             scan = None
             if waiting <= WAKE_SCAN_LIMIT:
                 self._seed_waiting(waiting, scan=True)
                 scan = self._time_wakes(append_event)
-            self.cleanup()
             p50, p95 = _pct(keyed, 50) * 1000, _pct(keyed, 95) * 1000
             first_p50 = first_p50 or p50
             scan_words = (
@@ -863,13 +871,13 @@ class Bench:
         sizes = MEMORY_SIZES if self.n is None else (self.n, self.n * 10)
         peaks = []
         for count in sizes:
+            self.fresh_database()
             run_ids = self.seed_due_runs(count)
             procs = self.start_workers("drain", 1)
             seconds, reports = self.go(procs)
             self.verify_completed_once(run_ids)
             peaks.append(reports[0]["hwm_kb"] / 1024)
             self.out(f"MEMORY runs={count} peak_rss_mb={peaks[-1]:.1f} seconds={seconds:.1f}")
-            self.cleanup()
         growth = peaks[-1] - peaks[0]
         self.emit(
             Result(
@@ -949,26 +957,25 @@ class Bench:
 # --- worker processes (``kumiko_bench --worker MODE``) --------------------------------
 
 
-def production_mode() -> None:
-    """Measure what production runs: no per-query logging of ``DEBUG = True``."""
-    settings.DEBUG = False
-    connection.force_debug_cursor = False
-
-
 def worker_main(
     mode: str,
     tenant: str,
-    prefix: str,
+    scratch: str,
     out: Callable[[str], None],
     batch_size: int | None = None,
 ) -> None:
-    production_mode()
-    if batch_size is not None:
-        # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
-        user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
-        settings.KUMIKO_WORKFLOWS = {**user, "BATCH_SIZE": batch_size}
-    register_bench_workflows()
-    connection.ensure_connection()
+    """A worker process of the bench, on the scratch database named ``scratch``."""
+    use_database(scratch)
+    user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
+    # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
+    batch = {"BATCH_SIZE": batch_size} if batch_size is not None else {}
+    with override_settings(KUMIKO_WORKFLOWS={**user, **batch}):
+        register_bench_workflows()
+        connection.ensure_connection()
+        _work(mode, tenant, out)
+
+
+def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
     if mode == "loop":
         from django.core.management import call_command
 
@@ -988,7 +995,7 @@ def worker_main(
     if sys.stdin.readline().strip() != "GO":
         return
     started = time.perf_counter()
-    processed = _drain(tenant) if mode == "drain" else _floor(tenant, prefix)
+    processed = _drain(tenant) if mode == "drain" else _floor(tenant)
     seconds = time.perf_counter() - started
     report = {
         "processed": processed,
@@ -1012,10 +1019,10 @@ def _drain(tenant: str) -> int:
         processed += report.processed
 
 
-def _floor(tenant: str, prefix: str) -> int:
+def _floor(tenant: str) -> int:
     """The hand-written resume transaction, one run per transaction, on scratch tables."""
-    events = connection.ops.quote_name(f"{prefix}_floor_events")
-    pending = connection.ops.quote_name(f"{prefix}_floor_pending")
+    events = connection.ops.quote_name(f"{PREFIX}_floor_events")
+    pending = connection.ops.quote_name(f"{PREFIX}_floor_pending")
     claim = (
         f"SELECT id, run_id, run_version FROM {pending} "  # noqa: S608
         "WHERE tenant_id = %s AND wake_at <= %s ORDER BY wake_at, id LIMIT 1"
@@ -1114,11 +1121,14 @@ def _raw_connection() -> Any:
 
 
 def worker_environment() -> tuple[list[str], dict[str, str]]:
-    """How to start this command again in a child process, on the same database."""
+    """How to start this command again in a child process, with the same settings."""
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
-    root = Path(sys.modules[settings.SETTINGS_MODULE.split(".")[0]].__file__ or ".").parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    env["KUMIKO_BENCH_DB_NAME"] = str(connection.settings_dict["NAME"])
+    # Where the settings module and this app are found (a checkout, not site-packages).
+    roots = {
+        str(Path(sys.modules[name].__file__ or ".").resolve().parent.parent)
+        for name in (settings.SETTINGS_MODULE.split(".")[0], "kumiko_bench")
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*sorted(roots), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return [sys.executable, "-m", "django", "kumiko_bench"], env

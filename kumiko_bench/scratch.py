@@ -1,0 +1,101 @@
+"""The bench's scratch database: created beside the configured one, migrated, dropped.
+
+The bench never measures in the database its settings name. On PostgreSQL it
+creates ``<name>_kbench_<token>`` on the same server; on SQLite it uses a
+file in a temporary folder. Each measurement starts on an empty, freshly
+migrated copy (``renew``), and the database is dropped at the end, failure
+or not, so nothing needs deleting from the append-only event table.
+
+The engine works on the ``default`` connection, so this process points that
+connection at the scratch database while the bench runs and back afterwards,
+as Django's test runner does with its test database. Worker processes are
+told the name and point themselves at it before their first query.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+#: Scratch databases are named ``<configured name>_kbench_<token>``.
+MARKER = "_kbench_"
+
+
+def use_database(name: str) -> None:
+    """Point this process's ``default`` connection at database ``name`` (closing it first)."""
+    connection.close()
+    settings.DATABASES[connection.alias]["NAME"] = name
+    connection.settings_dict["NAME"] = name
+
+
+class ScratchDatabase:
+    """One bench run's scratch database; a context manager that drops it on exit."""
+
+    def __init__(self) -> None:
+        self.vendor = connection.vendor
+        self.configured = connection.settings_dict["NAME"]
+        token = uuid.uuid4().hex[:10]
+        self.folder: Path | None = None
+        if self.vendor == "postgresql":
+            # 63 bytes is PostgreSQL's limit for a name.
+            self.name = f"{str(self.configured)[:40]}{MARKER}{token}"
+        elif self.vendor == "sqlite":
+            self.folder = Path(tempfile.mkdtemp(prefix="kumiko-bench-"))
+            self.name = str(self.folder / f"kbench_{token}.sqlite3")
+        else:
+            raise CommandError(f"kumiko_bench runs on PostgreSQL or SQLite, not {self.vendor}")
+        self.exists = False
+
+    def __enter__(self) -> ScratchDatabase:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            self.drop()
+        finally:
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+
+    def renew(self) -> None:
+        """Drop the scratch database if there is one, create it empty, migrate it, use it."""
+        self.drop()
+        if self.vendor == "postgresql":
+            self._server(f"CREATE DATABASE {connection.ops.quote_name(self.name)}")
+        # Set before the first statement in it: a failed migrate still drops it.
+        self.exists = True
+        use_database(self.name)
+        call_command("migrate", verbosity=0, interactive=False, run_syncdb=True)
+
+    def drop(self) -> None:
+        """Point this process back at the configured database and drop the scratch one."""
+        if not self.exists:
+            return
+        use_database(self.configured)
+        self.exists = False
+        if self.vendor == "postgresql":
+            # FORCE: a worker killed a moment ago may not have closed its session yet.
+            quoted = connection.ops.quote_name(self.name)
+            self._server(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
+        else:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                Path(self.name + suffix).unlink(missing_ok=True)
+
+    @staticmethod
+    def _server(statement: str) -> None:
+        # A session outside any database (Django's own test-database creation
+        # uses the same one): CREATE/DROP DATABASE cannot run inside the one dropped.
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(statement)
