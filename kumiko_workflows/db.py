@@ -29,6 +29,11 @@ def has_payload_containment() -> bool:
     return connection.vendor == "postgresql"
 
 
+def chains_writes() -> bool:
+    """Whether one statement can chain writes (a data-modifying ``WITH``: PostgreSQL)."""
+    return connection.vendor == "postgresql"
+
+
 def wait_paths(tenant_id: str, event_type: str) -> list[str]:
     """The distinct payload paths waits of the tenant use for ``event_type``.
 
@@ -95,45 +100,59 @@ _CONVERTERS: dict[tuple[Any, ...], list[tuple[Any, list[Any]]]] = {}
 def claim_due(
     tenant_id: str, now: datetime, passed_over: set[int]
 ) -> tuple[WorkflowRunPending, Event | None] | None:
-    """Lock the tenant's next due pending row that nobody holds (oldest first), or None.
+    """Take the tenant's next due pending row that nobody holds (oldest first), or None.
 
-    Returns the row and its run's trigger event (None if that event is gone),
-    read in the same statement: one round trip for the worker's hottest
-    query, built once per shape (no ORM compilation per claim).
-    ``passed_over`` rows (lost races, errors in this pass) are not taken again.
+    The row is deleted as it is taken (a resume ends its suspension) and
+    returned with its run's trigger event (None if that event is gone): on
+    PostgreSQL one statement, the worker's hottest, locking the row with
+    ``FOR UPDATE SKIP LOCKED`` so racing workers never take the same one; on
+    SQLite, whose one writer at a time needs no lock, a read and a delete.
+    Built once per shape (no ORM compilation per claim). ``passed_over``
+    rows (errors in this pass) are not taken again.
     """
     skip = sorted(passed_over)
     pending, event = WorkflowRunPending._meta, Event._meta
     width = len(pending.concrete_fields)
+    chained = chains_writes()
 
     def build() -> str:
         ops = connection.ops
-
-        row_columns = ", ".join(
-            f"p.{ops.quote_name(str(f.column))}" for f in pending.concrete_fields
-        )
-        event_columns = ", ".join(
-            f"e.{ops.quote_name(str(f.column))}" for f in event.concrete_fields
-        )
-        where = "p.tenant_id = %s AND p.wake_at <= %s"
+        table = ops.quote_name(pending.db_table)
+        pending_fields, event_fields = pending.concrete_fields, event.concrete_fields
+        row_columns = ", ".join(f"c.{ops.quote_name(str(f.column))}" for f in pending_fields)
+        returned = ", ".join(ops.quote_name(str(f.column)) for f in pending_fields)
+        event_columns = ", ".join(f"e.{ops.quote_name(str(f.column))}" for f in event_fields)
+        alias = "" if chained else "c."
+        where = f"{alias}tenant_id = %s AND {alias}wake_at <= %s"
         if skip:
-            where += f" AND p.id NOT IN ({', '.join(['%s'] * len(skip))})"
-        lock = ""
-        if connection.features.has_select_for_update_skip_locked:
-            # Only the pending row is locked; the trigger event is read.
-            lock = " FOR UPDATE OF p SKIP LOCKED"
-        return (
-            f"SELECT {row_columns}, {event_columns} "  # noqa: S608 - identifiers
-            f"FROM {ops.quote_name(pending.db_table)} p "
+            where += f" AND {alias}id NOT IN ({', '.join(['%s'] * len(skip))})"
+        join = (
             f"LEFT JOIN {ops.quote_name(event.db_table)} e "
-            "ON e.id = p.trigger_event_id AND e.tenant_id = p.tenant_id "
-            f"WHERE {where} ORDER BY p.wake_at, p.id LIMIT 1{lock}"
+            "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
+        )
+        if chained:
+            return (
+                f"WITH c AS (DELETE FROM {table} WHERE id = ("  # noqa: S608 - identifiers
+                f"SELECT id FROM {table} WHERE {where} ORDER BY wake_at, id LIMIT 1 "
+                f"FOR UPDATE SKIP LOCKED) RETURNING {returned}) "
+                f"SELECT {row_columns}, {event_columns} FROM c {join}"
+            )
+        return (
+            f"SELECT {row_columns}, {event_columns} FROM {table} c {join} "  # noqa: S608
+            f"WHERE {where} ORDER BY c.wake_at, c.id LIMIT 1"
         )
 
     sql = statement(("claim_due", len(skip)), build)
     with connection.cursor() as cursor:
         cursor.execute(sql, [tenant_id, now, *skip])
         found = cursor.fetchone()
+        if found is not None and not chained:
+            delete = statement(
+                ("claim_due_delete",),
+                lambda: f"DELETE FROM {connection.ops.quote_name(pending.db_table)} "  # noqa: S608
+                "WHERE id = %s",
+            )
+            cursor.execute(delete, [found[0]])
     if found is None:
         return None
     row = _rows_of(WorkflowRunPending, found[:width])

@@ -407,8 +407,8 @@ class Workflow:
                 f"workflow {name!r}: commit must be one of {', '.join(COMMIT_MODES)}, "
                 f"got {commit!r}"
             )
-        #: "per_run": a worker commits before and after each resume of this
-        #: workflow's runs, so a killed worker never repeats another run's steps.
+        #: "per_run": a worker commits right after each resume of this
+        #: workflow's runs, so a killed worker never repeats a finished one.
         self.commit = commit
         awaits = dict(awaits or {})
         for key, event_type in awaits.items():
@@ -615,8 +615,8 @@ def define_workflow(
     """Define a workflow and register it under ``name``.
 
     Raises :class:`WorkflowDefinitionError` naming the first problem (with its
-    system check id). ``commit="per_run"`` makes workers commit each resume of
-    this workflow's runs on its own (for steps with side effects outside the
+    system check id). ``commit="per_run"`` makes workers commit right after each
+    resume of this workflow's runs (for steps with side effects outside the
     database); the default shares a commit with other runs. Pass
     ``register=False`` to build a definition without registering it (for
     :meth:`WorkflowRegistry.override`).

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -142,24 +143,22 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
     The outcome is completed, suspended, failed or skipped; ``claimed`` says
     whether ``workflow.step.resumed`` was appended.
 
-    Must run in a transaction that holds the row. A failing step fails the
-    run (see :func:`run_segment`); any other error propagates with the run's
-    events written so far, and the caller must roll back what holds them.
+    Must run in the transaction whose claim deleted the row. A failing step
+    fails the run (see :func:`run_segment`); any other error, a stream that
+    moved under the claim (:class:`VersionConflict`) included, propagates,
+    and the caller must roll back the claim and what followed it.
     """
-    stream = RunStream.of_pending(row)
+    stream = RunStream.of_pending(row, deleted=True)
     stream.savepoint = False  # the caller rolls back on errors
     workflow = registry.get(row.workflow_name)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
         changed = _definition_changed(row, workflow)
-        try:
-            fail_run(
-                stream,
-                Failure(DEFINITION_CHANGED, row.step, changed, detail=changed),
-                state=row.state,
-                retry_from=row.step,
-            )
-        except VersionConflict:
-            return "skipped", False
+        fail_run(
+            stream,
+            Failure(DEFINITION_CHANGED, row.step, changed, detail=changed),
+            state=row.state,
+            retry_from=row.step,
+        )
         return "failed", False
 
     step = workflow.step_at(row.step)
@@ -180,14 +179,10 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
     elif (problem := _state_problem(row.state)) is not None:
         message = f"pending row has a malformed state: {problem}"
     if message is not None:
-        try:
-            fail_run(stream, Failure(INVALID_PENDING_ROW, row.step, message, detail=message))
-        except VersionConflict:
-            return "skipped", False
+        fail_run(stream, Failure(INVALID_PENDING_ROW, row.step, message, detail=message))
         return "failed", False
 
-    # The claim: the first event after the suspension. Losing its race (another
-    # worker, a cancel) is a silent skip.
+    # The first event after the suspension, appended with the segment's last.
     opening = (
         et.RESUMED,
         {
@@ -214,10 +209,7 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
             AWAITED_EVENT_UNAVAILABLE, row.step, f"the awaited event #{min(missing)} is gone"
         )
     if unavailable is not None:
-        try:
-            fail_opened(stream, opening, unavailable, state=state, retry_from=row.step)
-        except VersionConflict:
-            return "skipped", False
+        fail_opened(stream, opening, unavailable, state=state, retry_from=row.step)
         return "failed", True
     assert trigger is not None
 
@@ -250,10 +242,7 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         cursor = Cursor(path, after=False, attempt=1)
     else:  # a rerun of a run that failed after its last step: just complete it
         cursor = Cursor((len(workflow.steps),), after=False)
-    try:
-        return run_segment(workflow, stream, ctx, cursor, opening), True
-    except VersionConflict:
-        return "skipped", False
+    return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=True), True
 
 
 def due_tenants(now: datetime) -> list[str]:
@@ -372,25 +361,17 @@ def _drain_tenant(
             with transaction.atomic():
                 savepoints = guarded()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
-                for index in range(size):
+                for _ in range(size):
                     if should_stop():
                         drained = True
                         break
-                    claimed = db.claim_due(tenant, now, passed_over)
-                    if claimed is None:
+                    done = _claim_and_resume(tenant, now, clock(), passed_over, batch, savepoints)
+                    if done is None:
                         drained = True
                         break
-                    row, trigger = claimed
-                    per_run = _commits_per_run(row)
-                    if per_run and index > 0:
-                        break  # commit the others first; the next batch starts with it
-                    outcome = _resume_in_batch(row, trigger, clock(), batch, tenant, savepoints)
-                    if outcome in ("skipped", "error"):
-                        passed_over.add(row.pk)
-                    if per_run or time.monotonic() > deadline:
-                        break
+                    if done or time.monotonic() > deadline:
+                        break  # commit now
         except _Unwound as unwound:
-            passed_over.add(unwound.row.pk)
             if _count_unwound(unwound.row, unwound.error):
                 report.failed += 1
             else:
@@ -401,39 +382,48 @@ def _drain_tenant(
             return
 
 
-def _resume_in_batch(
-    row: WorkflowRunPending,
-    trigger: Event | None,
-    now: datetime,
-    batch: ResumeReport,
+def _claim_and_resume(
     tenant: str,
+    due: datetime,
+    now: datetime,
+    passed_over: set[int],
+    batch: ResumeReport,
     savepoint: bool,
-) -> str:
-    """Resume ``row`` (in a savepoint of its own if ``savepoint``); count its outcome."""
+) -> bool | None:
+    """Claim the next row due at ``due`` and resume it; count its outcome in ``batch``.
+
+    Returns None when no row is due, else whether to commit right after it
+    (its workflow commits per run). With ``savepoint``, the claim and the
+    resume share a savepoint that an error rolls back; without, an error
+    raises :class:`_Unwound` and the batch is rolled back.
+    """
+    row: WorkflowRunPending | None = None
     try:
-        if savepoint:
-            with transaction.atomic():
-                outcome, claimed = resume_row(row, trigger, now)
-        else:
-            outcome, claimed = resume_row(row, trigger, now)
+        with transaction.atomic() if savepoint else nullcontext():
+            claimed = db.claim_due(tenant, due, passed_over)
+            if claimed is None:
+                return None
+            row, trigger = claimed
+            outcome, resumed = resume_row(row, trigger, now)
     except Exception as exc:
-        if _connection_broken():
-            # Every row after this one would fail the same way: end the
-            # pass, so the worker backs off and reconnects.
+        if row is None or _connection_broken():
+            # No row to blame, or every row after this one would fail the
+            # same way: end the pass, so the worker backs off and reconnects.
             raise
         logger.exception(
             "run=%s step=%s tenant=%s could not be resumed", row.run_id, row.step, tenant
         )
+        passed_over.add(row.pk)
         if not savepoint:
             raise _Unwound(row, exc) from exc
-        if _resume_raised(row, exc):
+        if _count_unwound(row, exc):
             batch.failed += 1
         else:
             batch.errors += 1
-        return "error"
-    batch.resumed += claimed
+        return False
+    batch.resumed += resumed
     setattr(batch, outcome, getattr(batch, outcome) + 1)
-    return outcome
+    return _commits_per_run(row)
 
 
 def guarded() -> bool:
@@ -448,7 +438,7 @@ def guarded() -> bool:
 
 
 def _count_unwound(row: WorkflowRunPending, exc: Exception) -> bool:
-    """:func:`_resume_raised` after the batch holding ``row`` was rolled back.
+    """:func:`_resume_raised` once the claim of ``row`` was rolled back.
 
     The row is counted only if it is still the same suspension and nobody
     holds it (another worker may have taken it meanwhile).

@@ -33,7 +33,7 @@ from kumiko_workflows.models import (
     WorkflowWaitKey,
 )
 from kumiko_workflows.runner import trigger_projection
-from kumiko_workflows.streams import pending_cleared
+from kumiko_workflows.streams import is_cleared
 
 logger = logging.getLogger("kumiko_workflows.projections")
 
@@ -293,7 +293,7 @@ def project_pending(event: Event, replaying: bool) -> None:
     kind = event.type
     # Keys exist only while the run's pending row waits for an event: they
     # go when that wait resumes and when the run ends.
-    cleared = pending_cleared.get() == (event.aggregate_id, event.version)
+    cleared = is_cleared(event.aggregate_id, event.version)
     if kind in et.SUSPENSIONS:
         row = _pending_row(event)
         keys = _wait_keys(row.match_expr) if kind == et.WAITING_FOR_EVENT else None

@@ -391,6 +391,8 @@ def run_segment(
     ctx: RunContext,
     cursor: Cursor | None,
     opening: tuple[str, dict[str, Any]],
+    *,
+    hold_opening: bool = False,
 ) -> str:
     """Append ``opening``, run steps from ``cursor``; return 'completed', 'suspended' or 'failed'.
 
@@ -399,6 +401,10 @@ def run_segment(
     (:class:`LazySavepoint`) and ``workflow.run-failed`` follows the
     opening. Any other error propagates with the run's events written so
     far: the caller's transaction (or savepoint) must be rolled back.
+
+    ``hold_opening`` appends the opening together with the segment's last
+    event (:meth:`RunStream.hold`), for a caller that holds the run (a
+    resume, whose claim took its pending row) and needs no instant from it.
     """
     start_state = ctx.snapshot()
     if cursor is None or not cursor.path:
@@ -407,9 +413,13 @@ def run_segment(
         retry_from = workflow.next_position(path_text(cursor.path))
     else:
         retry_from = path_text(cursor.path)
-    opened = stream.append(*opening)
-    if ctx.now is None:
-        ctx.now = opened.created_at  # an inline start runs at its run-started instant
+    if hold_opening:
+        assert ctx.now is not None, "a held opening gives no instant to run at"
+        stream.hold(*opening)
+    else:
+        opened = stream.append(*opening)
+        if ctx.now is None:
+            ctx.now = opened.created_at  # an inline start runs at its run-started instant
     savepoint = LazySavepoint()
     try:
         with savepoint.watching():
@@ -434,8 +444,9 @@ def run_segment(
         return "failed"
     except VersionConflict as exc:
         savepoint.end(exc)
-        # Only the opening event races (it is the claim); a conflict after it
-        # means the stream moved under a held run: an error, not a skip.
+        # Only an opening appended first races (a start's); a conflict after
+        # it, or with a held opening, means the stream moved under a run
+        # its caller holds: an error, not a skip.
         raise StreamMoved(f"run {stream.run_id}: {exc}") from exc
     except BaseException as exc:
         savepoint.end(exc)

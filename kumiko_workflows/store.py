@@ -33,6 +33,7 @@ from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.db import chains_writes
 from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
 from kumiko_workflows.jsonvalues import NotJSON, compact_json, text_problem, text_size, to_json
 from kumiko_workflows.models import Event
@@ -192,6 +193,45 @@ def append_event(
     unwind on any error (the engine's own run streams): it saves the
     savepoint round trips, and a failing projection then dooms that block.
     """
+    event, texts = _prepared(
+        aggregate_id,
+        aggregate_type,
+        type,
+        payload,
+        tenant_id,
+        expected_version,
+        metadata,
+        created_by,
+        event_version,
+        created_at,
+    )
+    # The engine's right to write its streams covers this append only, not the
+    # appends of the projections it sets off: a workflow triggered by a run
+    # event runs its (user) steps there.
+    token = _engine_writing.set(False)
+    try:
+        _insert(event, expected_version, texts, savepoint=savepoint)
+    finally:
+        _engine_writing.reset(token)
+    return event
+
+
+def _prepared(
+    aggregate_id: Any,
+    aggregate_type: Any,
+    type: Any,
+    payload: Any,
+    tenant_id: Any,
+    expected_version: Any,
+    metadata: Any,
+    created_by: Any,
+    event_version: Any,
+    created_at: Any,
+) -> tuple[Event, tuple[str, str]]:
+    """The unsaved Event ``append_event`` would insert, and its payload and metadata as stored.
+
+    Every check on the caller's input happens here, before any SQL.
+    """
     aggregate = _as_uuid(aggregate_id)
     aggregate_type = _name(aggregate_type, "aggregate_type")
     engine = ENGINE_STREAMS.get(aggregate_type)
@@ -239,15 +279,7 @@ def append_event(
         created_by,
         created_at,
     )
-    # The engine's right to write its streams covers this append only, not the
-    # appends of the projections it sets off: a workflow triggered by a run
-    # event runs its (user) steps there.
-    token = _engine_writing.set(False)
-    try:
-        _insert(event, expected_version, (payload_text, metadata_text), savepoint=savepoint)
-    finally:
-        _engine_writing.reset(token)
-    return event
+    return event, (payload_text, metadata_text)
 
 
 _COLUMNS = (
@@ -342,27 +374,8 @@ def _insert(
     """
     db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection, not one per use
     tenant, aggregate_type = event.tenant_id, event.aggregate_type
-    # What UUIDField and DateTimeField would send, without their generic
-    # preparation chains: the stream id as text (a native uuid column reads
-    # it as well, and psycopg binds a string client-side for a fraction of a
-    # UUID's cost; the statement names the stream up to three times), else
-    # its hex; the time as this database adapts it.
-    uuid_value = event.aggregate_id
-    aggregate = str(uuid_value) if db.features.has_native_uuid_field else uuid_value.hex
-    # The names are validated strings and the event version an int (as the
-    # field's own preparation would make it). The payload and metadata go as
-    # the JSON text their size was measured on (the JSON field would encode
-    # them again), which a jsonb column takes like any literal.
-    values: list[Any] = [
-        tenant,
-        aggregate,
-        aggregate_type,
-        event.type,
-        int(event.event_version),
-        *json_texts,
-        event.created_by,
-        db.ops.adapt_datetimefield_value(event.created_at),
-    ]
+    values = _row_values(db, event, json_texts)
+    aggregate = values[1]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
         sql, params = _insert_sql(db.vendor, "next"), [*values, tenant, aggregate, *foreign]
@@ -380,31 +393,155 @@ def _insert(
     for _ in range(attempts):
         block = transaction.atomic(savepoint=savepoint) if projected else nullcontext()
         with block:
-            cursor, kept = _append_cursor(db)
-            try:
-                cursor.execute(sql, params)
-                row = cursor.fetchone()
-            finally:
-                if not kept:
-                    cursor.close()
-            if row is not None:
-                event.pk, event.version = row
-                event._state.adding = False
-                event._state.db = db.alias
-                if projected or others_listen_to_post_save():
-                    post_save.send(
-                        sender=Event,
-                        instance=event,
-                        created=True,
-                        update_fields=None,
-                        raw=False,
-                        using=db.alias,
-                    )
+            rows = _run_insert(db, sql, params)
+            if rows:
+                _saved(db, event, rows[0], projected)
                 return
         refusal = _refusal(event, expected_version)
         if refusal is not None:
             raise refusal  # another writer cannot make this go away: no retry
     raise _version_conflict(event, expected_version)
+
+
+def _row_values(db: BaseDatabaseWrapper, event: Event, json_texts: tuple[str, str]) -> list[Any]:
+    """The values of ``_COLUMNS`` for ``event``, as the database takes them."""
+    # What UUIDField and DateTimeField would send, without their generic
+    # preparation chains: the stream id as text (a native uuid column reads
+    # it as well, and psycopg binds a string client-side for a fraction of a
+    # UUID's cost; the statement names the stream up to three times), else
+    # its hex; the time as this database adapts it.
+    uuid_value = event.aggregate_id
+    aggregate = str(uuid_value) if db.features.has_native_uuid_field else uuid_value.hex
+    # The names are validated strings and the event version an int (as the
+    # field's own preparation would make it). The payload and metadata go as
+    # the JSON text their size was measured on (the JSON field would encode
+    # them again), which a jsonb column takes like any literal.
+    return [
+        event.tenant_id,
+        aggregate,
+        event.aggregate_type,
+        event.type,
+        int(event.event_version),
+        *json_texts,
+        event.created_by,
+        db.ops.adapt_datetimefield_value(event.created_at),
+    ]
+
+
+def _run_insert(db: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """Execute an insert on the append cursor; the (id, version) rows it returned."""
+    cursor, kept = _append_cursor(db)
+    try:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+    finally:
+        if not kept:
+            cursor.close()
+
+
+def _saved(db: BaseDatabaseWrapper, event: Event, row: tuple[Any, ...], projected: bool) -> None:
+    """Mark ``event`` saved as ``row`` (id, version) and send ``post_save`` (the projections)."""
+    event.pk, event.version = row
+    event._state.adding = False
+    event._state.db = db.alias
+    if projected or others_listen_to_post_save():
+        post_save.send(
+            sender=Event,
+            instance=event,
+            created=True,
+            update_fields=None,
+            raw=False,
+            using=db.alias,
+        )
+
+
+def append_engine_pair(
+    aggregate_id: uuid.UUID,
+    aggregate_type: str,
+    first: tuple[str, Mapping[str, Any]],
+    second: tuple[str, Mapping[str, Any]],
+    *,
+    tenant_id: str,
+    expected_version: int,
+    created_by: str,
+) -> tuple[Event, Event]:
+    """Append two events to one of the engine's streams after ``expected_version``.
+
+    One statement where the database can chain inserts (PostgreSQL), and the
+    projections of each in order, as two :func:`append_event` calls would
+    do. Raises :class:`VersionConflict` when the first version is taken; if
+    only the second is, the first stays written and the caller, which runs
+    in an atomic block it unwinds on errors, must roll it back.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    prepared = []  # both checked (the stream's types included) before any SQL
+    for offset, (type, payload) in enumerate((first, second)):
+        event, texts = _prepared(
+            aggregate_id,
+            aggregate_type,
+            type,
+            payload,
+            tenant_id,
+            expected_version + offset,
+            None,
+            created_by,
+            1,
+            None,
+        )
+        prepared.append((event, texts))
+    (one, one_texts), (two, two_texts) = prepared
+    token = _engine_writing.set(False)  # the projections' appends are not the engine's
+    try:
+        if chains_writes():
+            _insert_pair(db, one, one_texts, two, two_texts, expected_version)
+        else:
+            _insert(one, expected_version, one_texts, savepoint=False)
+            _insert(two, expected_version + 1, two_texts, savepoint=False)
+    finally:
+        _engine_writing.reset(token)
+    return one, two
+
+
+def _insert_pair(
+    db: BaseDatabaseWrapper,
+    one: Event,
+    one_texts: tuple[str, str],
+    two: Event,
+    two_texts: tuple[str, str],
+    expected_version: int,
+) -> None:
+    """Insert ``one`` and ``two`` in one statement and send their signals, as :func:`_insert`."""
+    one_values, two_values = _row_values(db, one, one_texts), _row_values(db, two, two_texts)
+    previous = [one_values[0], one_values[1], expected_version, one.aggregate_type]
+    params = [*one_values, expected_version + 1, *previous, *two_values, expected_version + 2]
+    for event in (one, two):
+        pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
+    rows = {version: (pk, version) for pk, version in _run_insert(db, _pair_sql(), params)}
+    if expected_version + 1 not in rows:
+        raise _refusal(one, expected_version) or _version_conflict(one, expected_version)
+    _saved(db, one, rows[expected_version + 1], registry.handles(one.type))
+    if expected_version + 2 not in rows:
+        raise _version_conflict(two, expected_version + 1)
+    _saved(db, two, rows[expected_version + 2], registry.handles(two.type))
+
+
+@functools.cache
+def _pair_sql() -> str:
+    """Two chained inserts (PostgreSQL): the second only if the first was written."""
+    table = connection.ops.quote_name(Event._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(c) for c in (*_COLUMNS, "version"))
+    placeholders = ", ".join(["%s"] * (len(_COLUMNS) + 1))
+    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
+    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608 - identifiers
+    previous = (
+        f"EXISTS (SELECT 1 FROM {table} WHERE tenant_id = %s AND aggregate_id = %s "  # noqa: S608
+        "AND version = %s AND aggregate_type = %s)"
+    )
+    return (
+        f"WITH first AS ({insert} SELECT {placeholders} WHERE {previous} {conflict}), "  # noqa: S608
+        f"second AS ({insert} SELECT {placeholders} FROM first {conflict}) "
+        "SELECT id, version FROM first UNION ALL SELECT id, version FROM second"
+    )
 
 
 def _append_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kumiko_workflows import event_types
+from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.store import append_event, engine_stream
+from kumiko_workflows.store import append_engine_pair, append_event, engine_stream
 
 logger = logging.getLogger("kumiko_workflows.runner")
 
@@ -35,14 +36,22 @@ INVALID_PENDING_ROW = "invalid_pending_row"
 INTERNAL_ERROR = "internal_error"
 RESUME_FAILED_REPEATEDLY = "resume_failed_repeatedly"
 
-#: (run id, version) of an event about to be appended whose stream has no
-#: pending rows (nor wait keys) for sure: the stream's previous event was
+#: (run id, first version, last version) of events about to be appended
+#: whose stream has no pending rows (nor wait keys) for sure: the run's
+#: pending row was deleted by the claim, or the stream's previous event was
 #: appended by the same ``RunStream`` in the same transaction and left none
 #: (a start, a resume or an end). Lets the pending projection skip a DELETE
 #: that would find nothing.
-pending_cleared: ContextVar[tuple[Any, int] | None] = ContextVar(
+pending_cleared: ContextVar[tuple[Any, int, int] | None] = ContextVar(
     "kumiko_pending_cleared", default=None
 )
+
+
+def is_cleared(run_id: Any, version: int) -> bool:
+    """Whether the event of ``run_id`` at ``version`` is known to find no pending rows."""
+    hint = pending_cleared.get()
+    return hint is not None and hint[0] == run_id and hint[1] <= version <= hint[2]
+
 
 _CLEARS_PENDING = frozenset({event_types.RUN_STARTED, event_types.RESUMED, *event_types.TERMINAL})
 
@@ -62,11 +71,17 @@ class RunStream:
     savepoint: bool = True
     #: Whether this object's last append left the run without pending rows.
     _no_pending: bool = field(default=False, init=False, repr=False)
+    #: An event to append with the next one (:meth:`hold`).
+    _held: tuple[str, dict[str, Any]] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def of_pending(cls, row: Any) -> RunStream:
-        """The stream of a pending row's run, positioned after its suspension."""
-        return cls(
+    def of_pending(cls, row: Any, *, deleted: bool = False) -> RunStream:
+        """The stream of a pending row's run, positioned after its suspension.
+
+        ``deleted``: the claim deleted the row (and, unless it waits for an
+        event, the run has no wait keys either).
+        """
+        stream = cls(
             row.run_id,
             row.tenant_id,
             row.workflow_name,
@@ -74,6 +89,8 @@ class RunStream:
             row.definition_fingerprint,
             row.trigger_event_id,
         )
+        stream._no_pending = deleted and not row.wait_event_type
+        return stream
 
     def mark(self) -> tuple[int, bool]:
         """Where the stream stands, to :meth:`rewind` to after a savepoint rolls back."""
@@ -81,23 +98,52 @@ class RunStream:
 
     def rewind(self, mark: tuple[int, bool]) -> None:
         self.version, self._no_pending = mark
+        self._held = None
+
+    def hold(self, type: str, payload: dict[str, Any]) -> None:
+        """Append ``type`` together with the next event (one statement where possible).
+
+        Only inside an atomic block unwound on any error (``savepoint`` False).
+        """
+        assert not self.savepoint and self._held is None, "hold() needs a block unwound on errors"
+        self._held = (type, payload)
 
     def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
+        held, self._held = self._held, None
+        count = 2 if held is not None else 1
         hint = None
         if self._no_pending:
-            hint = pending_cleared.set((self.run_id, self.version + 1))
+            hint = pending_cleared.set((self.run_id, self.version + 1, self.version + count))
+        elif held is not None and held[0] in _CLEARS_PENDING:
+            # The held event's projection clears what the next one would find.
+            hint = pending_cleared.set((self.run_id, self.version + 2, self.version + 2))
+        by = created_by or "kumiko_workflows"
         try:
             with engine_stream():
-                event = append_event(
-                    self.run_id,
-                    event_types.RUN_AGGREGATE_TYPE,
-                    type,
-                    payload,
-                    tenant_id=self.tenant_id,
-                    expected_version=self.version,
-                    created_by=created_by or "kumiko_workflows",
-                    savepoint=self.savepoint,
-                )
+                if held is not None:
+                    _, event = append_engine_pair(
+                        self.run_id,
+                        event_types.RUN_AGGREGATE_TYPE,
+                        held,
+                        (type, payload),
+                        tenant_id=self.tenant_id,
+                        expected_version=self.version,
+                        created_by=by,
+                    )
+                else:
+                    event = append_event(
+                        self.run_id,
+                        event_types.RUN_AGGREGATE_TYPE,
+                        type,
+                        payload,
+                        tenant_id=self.tenant_id,
+                        expected_version=self.version,
+                        created_by=by,
+                        savepoint=self.savepoint,
+                    )
+        except InvalidEvent:
+            self._held = held  # refused before any SQL: nothing was written
+            raise
         finally:
             if hint is not None:
                 pending_cleared.reset(hint)
