@@ -20,25 +20,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kumiko_workflows import durations, matching
 from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import (
     InvalidArgument,
-    InvalidDuration,
-    InvalidMatchExpression,
     RegistryNotReady,
     WorkflowDefinitionError,
 )
 from kumiko_workflows.steps import (
-    BACKOFFS,
-    Compute,
-    Retry,
     Step,
-    Wait,
-    WaitForEvent,
     _step_list,
     callable_name,
     describe_value,
+    iter_steps,
+    path_text,
 )
 
 logger = logging.getLogger("kumiko_workflows.definition")
@@ -48,10 +42,6 @@ CATCH_UP_POLICIES = ("skip", "latest", "all")
 CRON_HORIZON_YEARS = 5
 #: croniter's random (R) and hashed (H) fields, as croniter itself matches them.
 _HASHED_FIELD = re.compile(r"([hr])(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
-DURATION_HINT = (
-    "Give an ISO 8601 duration (PT90S, P1DT2H), an instant with an offset "
-    "(2026-01-31T09:00:00Z), a timedelta or an aware datetime."
-)
 _RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-run")
 
 
@@ -188,10 +178,6 @@ class Problem:
     hint: str = ""
 
 
-def path_text(path: Sequence[Any]) -> str:
-    return ".".join(str(part) for part in path)
-
-
 def parse_path(text: str) -> tuple[Any, ...]:
     """``"2.then.0"`` -> ``(2, "then", 0)``; raises ValueError on malformed text."""
     if not text:
@@ -203,24 +189,10 @@ def parse_path(text: str) -> tuple[Any, ...]:
                 raise ValueError(f"step position {text!r} is malformed")
             parts.append(int(part))
         else:
-            if part not in ("then", "else", "do"):
+            if not part.isidentifier():  # an arm's name; the workflow knows which exist
                 raise ValueError(f"step position {text!r} is malformed")
             parts.append(part)
     return tuple(parts)
-
-
-def iter_steps(
-    steps: Sequence[Step], prefix: tuple[Any, ...] = ()
-) -> Iterator[tuple[tuple[Any, ...], Step]]:
-    for i, step in enumerate(steps):
-        path = (*prefix, i)
-        yield path, step
-        for arm, children in step.arms().items():
-            yield from iter_steps(children, (*path, arm))
-
-
-def _is_static(value: Any) -> bool:
-    return not callable(value)
 
 
 def validate(workflow: Workflow) -> list[Problem]:
@@ -263,13 +235,7 @@ def validate(workflow: Workflow) -> list[Problem]:
     seen: dict[str, str] = {}
     for path, step in iter_steps(workflow.steps):
         where = f"step {path_text(path)} ({step.label()})"
-        result_name = (
-            step.name
-            if isinstance(step, Compute)
-            else step.awaits_key
-            if isinstance(step, WaitForEvent)
-            else None
-        )
+        result_name = step.result_name()
         if result_name is not None:
             if result_name in seen:
                 add(
@@ -279,56 +245,8 @@ def validate(workflow: Workflow) -> list[Problem]:
                     "Give every compute step and awaits key a distinct name.",
                 )
             seen[result_name] = where
-        if isinstance(step, Wait) and _is_static(step.for_):
-            _check_time(add, where, "for_", step.for_)
-        if isinstance(step, WaitForEvent):
-            if step.awaits_key not in workflow.awaits:
-                declared = ", ".join(sorted(workflow.awaits)) or "none"
-                add(
-                    "E001",
-                    f"{where} names awaits key {step.awaits_key!r}, which is not declared "
-                    f"(declared: {declared})",
-                    "Declare it: define_workflow(awaits={key: 'event.type'}).",
-                )
-            if step.match is not None and _is_static(step.match):
-                try:
-                    matching.validate(step.match)
-                except InvalidMatchExpression as exc:
-                    add("E002", f"{where}: {exc}", "See the match expression grammar in README.")
-            if step.timeout is not None and _is_static(step.timeout):
-                _check_time(add, where, "timeout", step.timeout)
-        if isinstance(step, Retry):
-            for inner_path, inner in iter_steps(step.do, (*path, "do")):
-                if inner.suspends:
-                    add(
-                        "E003",
-                        f"{where} contains the suspending step {path_text(inner_path)} "
-                        f"({inner.label()}); a retry body may not suspend",
-                        "Move waits out of retry(do=[...]).",
-                    )
-            if _is_static(step.times) and (
-                isinstance(step.times, bool) or not isinstance(step.times, int) or step.times < 1
-            ):
-                add(
-                    "E004",
-                    f"{where}: times must be an integer >= 1, got {step.times!r}",
-                    "times counts all attempts, the first included.",
-                )
-            if _is_static(step.backoff) and step.backoff not in BACKOFFS:
-                add(
-                    "E005",
-                    f"{where}: backoff must be 'linear' or 'exponential', got {step.backoff!r}",
-                    "linear waits base × attempt; exponential waits base × 2^(attempt-1).",
-                )
-            for arg in ("base_delay", "max_delay"):
-                value = getattr(step, arg)
-                if value is not None and _is_static(value):
-                    try:
-                        durations.as_delay(value)
-                    except InvalidDuration as exc:
-                        add("E006", f"{where}: {arg}={value!r} is invalid: {exc}", DURATION_HINT)
-            if not step.do:
-                add("E013", f"{where} has an empty body", "Give retry(do=[...]) a step.")
+        for check, message, hint in step.problems(workflow.awaits, path):
+            add(check, message, hint)
     return problems
 
 
@@ -340,16 +258,10 @@ def _callables(workflow: Workflow) -> Iterator[tuple[str, Any]]:
     if callable(workflow.idempotency_key):
         yield "idempotency_key", workflow.idempotency_key
     for path, step in iter_steps(workflow.steps):
-        for arg, value in vars(step).items():
-            if arg not in ("do", "then", "else_", "give_up_on") and callable(value):
+        for arg in step.callable_args:
+            value = getattr(step, arg)
+            if callable(value):
                 yield f"step {path_text(path)} ({step.label()}) {arg}", value
-
-
-def _check_time(add: Callable[..., None], where: str, arg: str, value: Any) -> None:
-    try:
-        durations.check_static(value)
-    except InvalidDuration as exc:
-        add("E006", f"{where}: {arg}={value!r} is invalid: {exc}", DURATION_HINT)
 
 
 # --- definitions ----------------------------------------------------------

@@ -12,12 +12,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kumiko_workflows import event_types as et
-from kumiko_workflows import matching
+from kumiko_workflows import matching, suspensions
 from kumiko_workflows.definition import registry
 from kumiko_workflows.models import (
     Event,
     RunStatus,
-    SuspensionType,
     WorkflowRun,
     WorkflowRunPending,
 )
@@ -187,6 +186,23 @@ def _explain_failed(run: WorkflowRun) -> Explanation:
     return Explanation("Failed.", facts, error_text=run.last_error)
 
 
+@dataclass
+class _Teller:
+    """How the suspension records' facts are told here (:class:`suspensions.Teller`)."""
+
+    run: WorkflowRun
+
+    def when(self, instant: datetime | None) -> str:
+        return _when(instant)
+
+    def match(self, expression: Any) -> str:
+        return describe_match(expression)
+
+    def latest(self, event_type: str) -> dict[str, Any] | None:
+        event = _latest(self.run, event_type)
+        return event.payload if event is not None else None
+
+
 def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     row = pending_row(run)
     if row is None:
@@ -200,36 +216,9 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
         ("Suspended", f"{kind} at {step_label(run.workflow_name, row.step)}"),
         ("Since", _when(row.suspended_at)),
     ]
-    if row.suspension_type == SuspensionType.EVENT:
-        words = describe_match(row.match_expr)
-        facts.append(("Waiting for", f"a {row.wait_event_type!r} event where {words}"))
-        facts.append(
-            (
-                "Deadline",
-                _when(row.timeout_at)
-                if row.timeout_at
-                else "none: only the event, a wake or a cancel ends the wait",
-            )
-        )
-        if row.awaited_event_id is not None:
-            facts.append(
-                ("Awaited event", f"#{row.awaited_event_id} arrived at {_when(row.due_since)}")
-            )
-    elif row.suspension_type == SuspensionType.WAIT:
-        facts.append(("Wakes at", _when(row.wake_at)))
-    elif row.suspension_type == SuspensionType.RETRY:
-        scheduled = _latest(run, et.RETRY_SCHEDULED)
-        most = (scheduled.payload.get("max_attempts") if scheduled else None) or "?"
-        error = run.error_class or "an error"
-        facts.append(
-            (
-                "Retry",
-                f"attempt {row.retry_attempt} of {most} failed with {error}; "
-                f"attempt {row.retry_attempt + 1} at {_when(row.wake_at)}",
-            )
-        )
-    else:
-        facts.append(("Rerun", f"requested at {_when(row.due_since)}"))
+    record = suspensions.for_type(row.suspension_type)
+    if record is not None:
+        facts.extend(record.facts(row, _Teller(run)))
     if row.resume_errors:
         facts.append(
             (

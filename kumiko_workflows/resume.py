@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from kumiko_workflows import db
+from kumiko_workflows import db, suspensions
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import Workflow, parse_path, registry
@@ -45,7 +45,6 @@ from kumiko_workflows.models import (
 from kumiko_workflows.projections import others_listen_to_post_save
 from kumiko_workflows.projections import registry as projections
 from kumiko_workflows.runner import Cursor, RunContext, fail_opened, run_segment
-from kumiko_workflows.steps import Retry, Step, Wait, WaitForEvent
 from kumiko_workflows.store import name_problem
 from kumiko_workflows.streams import (
     AWAITED_EVENT_UNAVAILABLE,
@@ -61,12 +60,6 @@ from kumiko_workflows.streams import (
 from kumiko_workflows.wakeups import decide_waiting_checks, event_ending
 
 logger = logging.getLogger("kumiko_workflows.resume")
-
-_STEP_KINDS: dict[str, type[Step]] = {
-    SuspensionType.WAIT: Wait,
-    SuspensionType.EVENT: WaitForEvent,
-    SuspensionType.RETRY: Retry,
-}
 
 
 @dataclass
@@ -162,11 +155,14 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         return "failed", False
 
     step = workflow.step_at(row.step)
-    expected = _STEP_KINDS.get(row.suspension_type)
+    record = suspensions.for_type(row.suspension_type)
     try:
         path = parse_path(row.step)
-        valid = (step is not None and expected is not None and isinstance(step, expected)) or (
-            row.suspension_type == SuspensionType.RERUN and (step is not None or not path)
+        valid = record is not None and (
+            (step is not None and row.suspension_type in step.resumes_from)
+            # A rerun starts again at any step, or completes a run that
+            # failed after its last one.
+            or (record is suspensions.RERUN and (step is not None or not path))
         )
     except ValueError:
         valid = False
@@ -234,12 +230,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         ctx.steps[row.awaits_key] = awaited_event.payload if awaited_event else None
         ctx.awaited[row.awaits_key] = awaited_event.id if awaited_event else None
 
-    if row.suspension_type in (SuspensionType.WAIT, SuspensionType.EVENT):
-        cursor = Cursor(path, after=True)
-    elif row.suspension_type == SuspensionType.RETRY:
-        cursor = Cursor(path, after=False, attempt=row.retry_attempt + 1)
-    elif path:
-        cursor = Cursor(path, after=False, attempt=1)
+    assert record is not None  # checked above
+    if path:
+        cursor = Cursor(path, after=record.after, attempt=record.attempt(row))
     else:  # a rerun of a run that failed after its last step: just complete it
         cursor = Cursor((len(workflow.steps),), after=False)
     return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=True), True

@@ -11,15 +11,13 @@ projection: see :mod:`kumiko_workflows.wakeups`.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
-from django.utils.dateparse import parse_datetime
 
-from kumiko_workflows import db, matching, wakeups
+from kumiko_workflows import db, matching, suspensions, wakeups
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.definition import registry
@@ -57,10 +55,6 @@ _PENDING_UPDATE_FIELDS = [
 ]
 
 
-def _instant(value: str | None) -> datetime | None:
-    return parse_datetime(value) if value else None
-
-
 def is_run_event(event: Event) -> bool:
     return event.aggregate_type == et.RUN_AGGREGATE_TYPE
 
@@ -80,46 +74,9 @@ def notify_due(tenant_id: str) -> None:
 def _status_fields(event: Event) -> dict[str, Any] | None:
     payload = event.payload
     kind = event.type
-    if kind == et.WAITING:
-        return {
-            "status": RunStatus.WAITING,
-            "step": payload["step"],
-            "suspension_type": SuspensionType.WAIT,
-            "wake_at": _instant(payload["wake_at"]),
-            "awaited_event_type": "",
-            "retry_attempt": 0,
-        }
-    if kind == et.WAITING_FOR_EVENT:
-        return {
-            "status": RunStatus.WAITING,
-            "step": payload["step"],
-            "suspension_type": SuspensionType.EVENT,
-            "wake_at": _instant(payload.get("timeout_at")),
-            "awaited_event_type": payload["event_type"],
-            "retry_attempt": 0,
-        }
-    if kind == et.RETRY_SCHEDULED:
-        return {
-            "status": RunStatus.WAITING,
-            "step": payload["step"],
-            "suspension_type": SuspensionType.RETRY,
-            "wake_at": _instant(payload["wake_at"]),
-            "awaited_event_type": "",
-            "retry_attempt": payload["attempt"],
-            "error_class": payload.get("error_class", ""),
-        }
-    if kind == et.RERUN_REQUESTED:
-        return {
-            "status": RunStatus.WAITING,
-            "step": payload["step"],
-            "suspension_type": SuspensionType.RERUN,
-            "wake_at": event.created_at,
-            "awaited_event_type": "",
-            "retry_attempt": 0,
-            "failure_reason": "",
-            "error_class": "",
-            "finished_at": None,
-        }
+    record = suspensions.for_event(kind)
+    if record is not None:
+        return record.status_columns(payload, event.created_at)
     if kind == et.WAKE_REQUESTED:
         return {"wake_at": event.created_at}
     if kind == et.RESUMED:
@@ -241,22 +198,10 @@ def _pending_row(event: Event) -> WorkflowRunPending:
         suspended_at=event.created_at,
         retry_attempt=0,
     )
-    if kind == et.WAITING:
-        row.suspension_type = SuspensionType.WAIT
-        row.wake_at = _instant(payload["wake_at"])
-    elif kind == et.WAITING_FOR_EVENT:
-        row.suspension_type = SuspensionType.EVENT
-        row.wake_at = row.timeout_at = _instant(payload.get("timeout_at"))
-        row.wait_event_type = payload["event_type"]
-        row.awaits_key = payload["awaits_key"]
-        row.match_expr = payload.get("match")
-    elif kind == et.RETRY_SCHEDULED:
-        row.suspension_type = SuspensionType.RETRY
-        row.wake_at = _instant(payload["wake_at"])
-        row.retry_attempt = payload["attempt"]
-    else:  # RERUN_REQUESTED
-        row.suspension_type = SuspensionType.RERUN
-        row.wake_at = row.due_since = event.created_at
+    record = suspensions.for_event(kind)
+    assert record is not None, f"{kind} is not a suspension"
+    for column, value in record.pending_columns(payload, event.created_at).items():
+        setattr(row, column, value)
     return row
 
 

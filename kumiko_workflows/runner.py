@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,26 +22,22 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from kumiko_workflows import durations, event_types, matching, wakeups
-from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows import event_types, wakeups
 from kumiko_workflows.definition import (
     CronTrigger,
     EventTrigger,
     Workflow,
-    path_text,
     registry,
     run_id_for,
 )
 from kumiko_workflows.exceptions import (
-    InvalidDuration,
     InvalidEvent,
-    InvalidMatchExpression,
     StreamMoved,
     VersionConflict,
 )
 from kumiko_workflows.jsonvalues import NotJSON, to_json
 from kumiko_workflows.models import Event
-from kumiko_workflows.steps import Branch, Compute, Retry, Step, Wait, WaitForEvent
+from kumiko_workflows.steps import Step, Suspend, path_text
 from kumiko_workflows.store import append_event
 from kumiko_workflows.streams import (
     FILTER_FAILED,
@@ -112,13 +108,6 @@ class RunContext:
         return {"results": results, "awaited": dict(self.awaited)}
 
 
-class Suspend(Exception):
-    def __init__(self, type: str, payload: dict[str, Any]) -> None:
-        super().__init__(type)
-        self.type = type
-        self.payload = payload
-
-
 @dataclass
 class Cursor:
     """Where a segment starts: the step at ``path`` itself (``at``) or after it."""
@@ -129,11 +118,14 @@ class Cursor:
 
 
 class Executor:
+    """Runs a segment's steps: the engine's side of :class:`~kumiko_workflows.steps.Execution`."""
+
     def __init__(self, workflow: Workflow, ctx: RunContext) -> None:
         assert ctx.now is not None, "run_segment sets ctx.now before any step runs"
         self.workflow = workflow
         self.ctx = ctx
         self.now: datetime = ctx.now
+        self.awaits = workflow.awaits
         self._resume_attempt: tuple[tuple[Any, ...], int] | None = None
 
     def run(self, cursor: Cursor | None) -> None:
@@ -145,7 +137,7 @@ class Executor:
         self._run_list(self.workflow.steps, (), cursor)
 
     def _run_list(
-        self, steps: tuple[Step, ...], prefix: tuple[Any, ...], cursor: Cursor | None
+        self, steps: Sequence[Step], prefix: tuple[Any, ...], cursor: Cursor | None
     ) -> None:
         start = 0
         if cursor is not None and cursor.path:
@@ -162,51 +154,30 @@ class Executor:
             elif cursor.after:
                 start += 1
         for index in range(start, len(steps)):
-            self._run_step(steps[index], (*prefix, index))
+            steps[index].run(self, (*prefix, index))
+
+    # -- the Execution a step runs with ------------------------------------------
 
     def _label(self, path: tuple[Any, ...]) -> str:
         return self.workflow.label(path_text(path))
 
-    def _arg(self, step_path: tuple[Any, ...], name: str, value: Any) -> Any:
+    def arg(self, path: tuple[Any, ...], name: str, value: Any) -> Any:
         if not callable(value) or isinstance(value, type):
             return value
         try:
             return value(self.ctx)
         except Exception as exc:
-            raise self._step_error(step_path, f"its {name} callable raised", exc) from exc
+            raise self._step_error(path, f"its {name} callable raised", exc) from exc
 
-    def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
-        return raised(STEP_FAILED, path_text(path), f"{self._label(path)}: {what}", exc)
-
-    def _invalid(self, path: tuple[Any, ...], reason: str, detail: str) -> Failure:
-        label = self._label(path)
-        return Failure(
-            reason, path_text(path), f"{label}: invalid argument", detail=f"{label}: {detail}"
-        )
-
-    def _run_step(self, step: Step, path: tuple[Any, ...]) -> None:
-        if isinstance(step, Compute):
-            self._compute(step, path)
-        elif isinstance(step, Wait):
-            self._wait(step, path)
-        elif isinstance(step, WaitForEvent):
-            self._wait_for_event(step, path)
-        elif isinstance(step, Retry):
-            self._retry(step, path)
-        elif isinstance(step, Branch):
-            condition = self._arg(path, "if_", step.if_)
-            arm = "then" if condition else "else"
-            self._run_list(step.arms()[arm], (*path, arm), None)
-        else:  # pragma: no cover - definitions only hold the step classes above
-            raise TypeError(f"unknown step {step!r}")
-
-    def _compute(self, step: Compute, path: tuple[Any, ...]) -> None:
+    def call(self, path: tuple[Any, ...], fn: Callable[[Any], Any]) -> Any:
         try:
-            result = step.fn(self.ctx)
+            return fn(self.ctx)
         except Exception as exc:
             raise self._step_error(path, "raised", exc) from exc
+
+    def store(self, path: tuple[Any, ...], name: str, result: Any) -> None:
         try:
-            self.ctx.steps[step.name] = to_json(result, f"ctx.steps[{step.name!r}]")
+            self.ctx.steps[name] = to_json(result, f"ctx.steps[{name!r}]")
         except NotJSON as exc:
             label = self._label(path)
             raise Failure(
@@ -216,33 +187,68 @@ class Executor:
                 detail=f"{label}: {exc}",
             ) from None
 
-    def _wait(self, step: Wait, path: tuple[Any, ...]) -> None:
-        value = self._arg(path, "for_", step.for_)
-        try:
-            wake_at = durations.wake_time(value, self.now)
-        except InvalidDuration as exc:
-            raise self._invalid(path, INVALID_STEP_ARGUMENT, f"for_={value!r}: {exc}") from None
-        raise Suspend(
-            event_types.WAITING, {"step": path_text(path), "wake_at": wake_at.isoformat()}
+    def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
+        return raised(STEP_FAILED, path_text(path), f"{self._label(path)}: {what}", exc)
+
+    def invalid(self, path: tuple[Any, ...], detail: str) -> Exception:
+        label = self._label(path)
+        return Failure(
+            INVALID_STEP_ARGUMENT,
+            path_text(path),
+            f"{label}: invalid argument",
+            detail=f"{label}: {detail}",
         )
 
-    def _wait_for_event(self, step: WaitForEvent, path: tuple[Any, ...]) -> None:
-        match = self._arg(path, "match", step.match)
-        if match is not None:
-            try:
-                match = to_json(matching.validate(match), "match")
-            except (InvalidMatchExpression, NotJSON) as exc:
-                raise self._invalid(path, INVALID_STEP_ARGUMENT, str(exc)) from None
-        timeout = self._arg(path, "timeout", step.timeout)
-        timeout_at = None
-        if timeout is not None:
-            try:
-                timeout_at = durations.wake_time(timeout, self.now)
-            except InvalidDuration as exc:
-                raise self._invalid(
-                    path, INVALID_STEP_ARGUMENT, f"timeout={timeout!r}: {exc}"
-                ) from None
-        event_type = self.workflow.awaits[step.awaits_key]
+    def run_steps(self, steps: Sequence[Step], prefix: tuple[Any, ...]) -> None:
+        self._run_list(steps, prefix, None)
+
+    def resumed_attempt(self, path: tuple[Any, ...]) -> int:
+        if self._resume_attempt is not None and self._resume_attempt[0] == path:
+            attempt = self._resume_attempt[1]
+            self._resume_attempt = None
+            return attempt
+        return 1
+
+    def attempt(self, steps: Sequence[Step], prefix: tuple[Any, ...], attempt: int) -> Any:
+        saved_steps, saved_awaited = dict(self.ctx.steps), dict(self.ctx.awaited)
+        self.ctx.retry_attempt = attempt
+        try:
+            with transaction.atomic():
+                self._run_list(steps, prefix, None)
+        except Failure as failure:
+            self.ctx.steps, self.ctx.awaited = saved_steps, saved_awaited
+            return failure
+        finally:
+            self.ctx.retry_attempt = 1
+        return None
+
+    def retried(self, path: tuple[Any, ...], failure: Any, why: str) -> Exception:
+        return Failure(
+            failure.reason,
+            path_text(path),
+            f"{self._label(path)}: {why} {failure.error_class or failure.reason}",
+            error_class=failure.error_class,
+            detail=failure.detail,
+            exc=failure.exc,
+        )
+
+    def note_retry(
+        self, path: tuple[Any, ...], attempt: int, times: int, failure: Any, delay: Any
+    ) -> None:
+        logger.warning(
+            "workflow=%s run=%s step=%s attempt=%d/%d failed error=%s; retry in %ss",
+            self.workflow.name,
+            self.ctx.run_id,
+            path_text(path),
+            attempt,
+            times,
+            failure.error_class or failure.reason,
+            delay.total_seconds(),
+            exc_info=failure.exc,
+        )
+        set_last_error(self.ctx.run_id, failure.detail)
+
+    def awaited_event(self, awaits_key: str, event_type: str, match: Any) -> Any:
         found = wakeups.look_back(
             self.ctx.tenant_id,
             event_type,
@@ -251,96 +257,12 @@ class Executor:
             wakeups.taken_by_run(self.ctx.awaited),
         )
         if found is not None:
-            self.ctx.steps[step.awaits_key] = found.payload
-            self.ctx.awaited[step.awaits_key] = found.id
-            return
+            self.ctx.steps[awaits_key] = found.payload
+            self.ctx.awaited[awaits_key] = found.id
+        return found
+
+    def suspending_on_event(self) -> None:
         wakeups.suspended_on_event(self.ctx.tenant_id, self.ctx.run_id)
-        raise Suspend(
-            event_types.WAITING_FOR_EVENT,
-            {
-                "step": path_text(path),
-                "awaits_key": step.awaits_key,
-                "event_type": event_type,
-                "match": match,
-                "timeout_at": timeout_at.isoformat() if timeout_at else None,
-            },
-        )
-
-    def _retry(self, step: Retry, path: tuple[Any, ...]) -> None:
-        attempt = 1
-        if self._resume_attempt is not None and self._resume_attempt[0] == path:
-            attempt = self._resume_attempt[1]
-            self._resume_attempt = None
-        times = self._arg(path, "times", step.times)
-        backoff = self._arg(path, "backoff", step.backoff)
-        if isinstance(times, bool) or not isinstance(times, int) or times < 1:
-            raise self._invalid(
-                path, INVALID_STEP_ARGUMENT, f"times must be an integer >= 1, got {times!r}"
-            )
-        if backoff not in ("linear", "exponential"):
-            raise self._invalid(
-                path,
-                INVALID_STEP_ARGUMENT,
-                f"backoff must be 'linear' or 'exponential', got {backoff!r}",
-            )
-        try:
-            base_value = self._arg(path, "base_delay", step.base_delay)
-            base = durations.as_delay(
-                workflow_settings.RETRY_BASE_DELAY if base_value is None else base_value
-            )
-            cap_value = self._arg(path, "max_delay", step.max_delay)
-            cap = None if cap_value is None else durations.as_delay(cap_value)
-        except InvalidDuration as exc:
-            raise self._invalid(path, INVALID_STEP_ARGUMENT, str(exc)) from None
-
-        saved_steps, saved_awaited = dict(self.ctx.steps), dict(self.ctx.awaited)
-        self.ctx.retry_attempt = attempt
-        try:
-            with transaction.atomic():
-                self._run_list(step.do, (*path, "do"), None)
-        except Failure as failure:
-            self.ctx.steps, self.ctx.awaited = saved_steps, saved_awaited
-            self.ctx.retry_attempt = 1
-            given_up = failure.exc is not None and isinstance(failure.exc, step.give_up_on)
-            if given_up or attempt >= times:
-                why = "gave up on" if given_up else f"attempt {attempt} of {times} failed with"
-                raise Failure(
-                    failure.reason,
-                    path_text(path),
-                    f"{self._label(path)}: {why} {failure.error_class or failure.reason}",
-                    error_class=failure.error_class,
-                    detail=failure.detail,
-                    exc=failure.exc,
-                ) from failure.exc
-            factor = attempt if backoff == "linear" else 2 ** (attempt - 1)
-            delay = base * factor
-            if cap is not None:
-                delay = min(delay, cap)
-            logger.warning(
-                "workflow=%s run=%s step=%s attempt=%d/%d failed error=%s; retry in %ss",
-                self.workflow.name,
-                self.ctx.run_id,
-                path_text(path),
-                attempt,
-                times,
-                failure.error_class or failure.reason,
-                delay.total_seconds(),
-                exc_info=failure.exc,
-            )
-            set_last_error(self.ctx.run_id, failure.detail)
-            raise Suspend(
-                event_types.RETRY_SCHEDULED,
-                {
-                    "step": path_text(path),
-                    "attempt": attempt,
-                    "max_attempts": times,
-                    "wake_at": (self.now + delay).isoformat(),
-                    "error_class": failure.error_class,
-                    "failed_step": failure.step,
-                    "reason": failure.reason,
-                },
-            ) from None
-        self.ctx.retry_attempt = 1
 
 
 class LazySavepoint:

@@ -7,13 +7,31 @@ the workflow is defined, callable results when the step runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
-from kumiko_workflows.exceptions import WorkflowDefinitionError
+from kumiko_workflows import durations, matching
+from kumiko_workflows import event_types as et
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.exceptions import (
+    InvalidDuration,
+    InvalidMatchExpression,
+    WorkflowDefinitionError,
+)
+from kumiko_workflows.jsonvalues import NotJSON, to_json
 
 BACKOFFS = ("linear", "exponential")
+DURATION_HINT = (
+    "Give an ISO 8601 duration (PT90S, P1DT2H), an instant with an offset "
+    "(2026-01-31T09:00:00Z), a timedelta or an aware datetime."
+)
+
+Path = tuple[Any, ...]
+#: What a step's validation reports: (check id, message, hint). An id "E…" is an
+#: error that refuses the definition; "W…" a warning (system checks only).
+Problem = tuple[str, str, str]
 
 
 def callable_name(fn: Any) -> str:
@@ -25,8 +43,6 @@ def callable_name(fn: Any) -> str:
 
 def describe_value(value: Any) -> Any:
     """A JSON description of a static argument, or of a callable by name."""
-    from kumiko_workflows import durations
-
     if isinstance(value, type) and issubclass(value, BaseException):
         return {"exception": callable_name(value)}
     if callable(value):
@@ -34,13 +50,102 @@ def describe_value(value: Any) -> Any:
     return durations.describe(value)
 
 
+def path_text(path: Sequence[Any]) -> str:
+    """``(2, "then", 0)`` -> ``"2.then.0"``: a step's position as stored in events."""
+    return ".".join(str(part) for part in path)
+
+
+def is_static(value: Any) -> bool:
+    """Whether a step argument is a plain value (checked at definition) or a callable."""
+    return not callable(value)
+
+
+class Suspend(Exception):
+    """Raised by a step to suspend the run with the run event ``type`` (see :mod:`.suspensions`)."""
+
+    def __init__(self, type: str, payload: dict[str, Any]) -> None:
+        super().__init__(type)
+        self.type = type
+        self.payload = payload
+
+
+class Execution(Protocol):
+    """What the engine offers a step while it runs (:class:`kumiko_workflows.runner.Executor`).
+
+    Every method that reports a problem returns the exception to raise, so a
+    step kind needs nothing from the engine's modules but this.
+    """
+
+    ctx: Any
+    now: datetime
+    @property
+    def awaits(self) -> Mapping[str, str]:
+        """The workflow's awaits keys and their event types."""
+
+    def arg(self, path: Path, name: str, value: Any) -> Any:
+        """``value``, or ``value(ctx)`` for a callable (its exception fails the step)."""
+
+    def call(self, path: Path, fn: Callable[[Any], Any]) -> Any:
+        """``fn(ctx)``; an exception it raises fails the step."""
+
+    def store(self, path: Path, name: str, result: Any) -> None:
+        """Keep ``result`` as ``ctx.steps[name]`` (refused unless it is JSON)."""
+
+    def invalid(self, path: Path, detail: str) -> Exception:
+        """The failure of a step given an invalid argument (``detail`` says which)."""
+
+    def run_steps(self, steps: Sequence[Step], prefix: Path) -> None:
+        """Run a nested step list (an arm) whose positions start with ``prefix``."""
+
+    def attempt(self, steps: Sequence[Step], prefix: Path, attempt: int) -> Any:
+        """Run ``steps`` as one attempt whose writes roll back if it fails.
+
+        Returns None on success, else the failure (an exception with
+        ``reason``, ``step``, ``error_class``, ``detail`` and ``exc``).
+        """
+
+    def resumed_attempt(self, path: Path) -> int:
+        """The attempt to run at ``path``: the one a resume starts at, else 1."""
+
+    def retried(self, path: Path, failure: Any, why: str) -> Exception:
+        """The failure that ends the retry at ``path`` after ``failure`` (``why``: how)."""
+
+    def note_retry(self, path: Path, attempt: int, times: int, failure: Any, delay: Any) -> None:
+        """Log a failed attempt that will be retried, and keep its raw error on the run."""
+
+    def awaited_event(self, awaits_key: str, event_type: str, match: Any) -> Any:
+        """An event that already ends the wait (appended after the trigger), or None.
+
+        A found event is the wait's: ``ctx.steps[awaits_key]`` is its payload.
+        """
+
+    def suspending_on_event(self) -> None:
+        """Tell the engine the run is about to wait for an event (before it suspends)."""
+
+
 class Step:
+    """A step kind. Subclasses own their whole behaviour.
+
+    Pure definitions: validation (:meth:`problems`), nested arms
+    (:meth:`arms`), fingerprinting (:meth:`describe`). Running
+    (:meth:`run`), through the :class:`Execution` the engine passes in. A
+    step that suspends raises :class:`Suspend` with the run event of one of
+    the suspension records in :mod:`kumiko_workflows.suspensions`, and
+    ``resumes_from`` names those records' suspension types, so a resume
+    knows the step a pending row may continue. A new step kind is a new
+    subclass; nothing else in the engine names the kinds.
+    """
+
     kind: str = ""
     #: Whether the step can suspend the run (a wait or wait_for_event).
     suspends: bool = False
+    #: Suspension types (``suspensions.Record.suspension_type``) a resume of it starts from.
+    resumes_from: tuple[str, ...] = ()
+    #: Names of the arguments that may be callables taking ``ctx``.
+    callable_args: tuple[str, ...] = ()
 
     def arms(self) -> dict[str, tuple[Step, ...]]:
-        """Nested step lists, by arm name (``then``/``else``/``do``)."""
+        """Nested step lists, by arm name (a position's text names them, as in ``2.then.0``)."""
         return {}
 
     def describe(self) -> dict[str, Any]:
@@ -50,12 +155,38 @@ class Step:
     def label(self) -> str:
         return self.kind
 
+    def result_name(self) -> str | None:
+        """The ``ctx.steps`` key its result is stored under, if it stores one."""
+        return None
+
+    def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
+        """What is wrong with its static arguments (its arms are checked on their own)."""
+        return iter(())
+
+    def run(self, execution: Execution, path: Path) -> None:
+        raise NotImplementedError
+
+
+def _time_problem(where: str, arg: str, value: Any) -> Iterator[Problem]:
+    try:
+        durations.check_static(value)
+    except InvalidDuration as exc:
+        yield "E006", f"{where}: {arg}={value!r} is invalid: {exc}", DURATION_HINT
+
+
+def _wake_time(execution: Execution, path: Path, name: str, value: Any) -> datetime:
+    try:
+        return durations.wake_time(value, execution.now)
+    except InvalidDuration as exc:
+        raise execution.invalid(path, f"{name}={value!r}: {exc}") from None
+
 
 @dataclass(frozen=True, eq=False)
 class Compute(Step):
     name: str
     fn: Callable[[Any], Any]
     kind = "compute"
+    callable_args = ("fn",)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "fn": callable_name(self.fn)}
@@ -63,15 +194,31 @@ class Compute(Step):
     def label(self) -> str:
         return f"compute {self.name!r}"
 
+    def result_name(self) -> str | None:
+        return self.name
+
+    def run(self, execution: Execution, path: Path) -> None:
+        execution.store(path, self.name, execution.call(path, self.fn))
+
 
 @dataclass(frozen=True, eq=False)
 class Wait(Step):
     for_: Any
     kind = "wait"
     suspends = True
+    resumes_from = ("wait",)
+    callable_args = ("for_",)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "for": describe_value(self.for_)}
+
+    def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
+        if is_static(self.for_):
+            yield from _time_problem(f"step {path_text(path)} ({self.label()})", "for_", self.for_)
+
+    def run(self, execution: Execution, path: Path) -> None:
+        wake_at = _wake_time(execution, path, "for_", execution.arg(path, "for_", self.for_))
+        raise Suspend(et.WAITING, {"step": path_text(path), "wake_at": wake_at.isoformat()})
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +228,8 @@ class WaitForEvent(Step):
     timeout: Any = None
     kind = "wait_for_event"
     suspends = True
+    resumes_from = ("event",)
+    callable_args = ("match", "timeout")
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -93,6 +242,52 @@ class WaitForEvent(Step):
     def label(self) -> str:
         return f"wait_for_event {self.awaits_key!r}"
 
+    def result_name(self) -> str | None:
+        return self.awaits_key
+
+    def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
+        where = f"step {path_text(path)} ({self.label()})"
+        if self.awaits_key not in awaits:
+            declared = ", ".join(sorted(awaits)) or "none"
+            yield (
+                "E001",
+                f"{where} names awaits key {self.awaits_key!r}, which is not declared "
+                f"(declared: {declared})",
+                "Declare it: define_workflow(awaits={key: 'event.type'}).",
+            )
+        if self.match is not None and is_static(self.match):
+            try:
+                matching.validate(self.match)
+            except InvalidMatchExpression as exc:
+                yield "E002", f"{where}: {exc}", "See the match expression grammar in README."
+        if self.timeout is not None and is_static(self.timeout):
+            yield from _time_problem(where, "timeout", self.timeout)
+
+    def run(self, execution: Execution, path: Path) -> None:
+        match = execution.arg(path, "match", self.match)
+        if match is not None:
+            try:
+                match = to_json(matching.validate(match), "match")
+            except (InvalidMatchExpression, NotJSON) as exc:
+                raise execution.invalid(path, str(exc)) from None
+        timeout = execution.arg(path, "timeout", self.timeout)
+        timeout_at = None if timeout is None else _wake_time(execution, path, "timeout", timeout)
+        event_type = execution.awaits[self.awaits_key]
+        found = execution.awaited_event(self.awaits_key, event_type, match)
+        if found is not None:
+            return
+        execution.suspending_on_event()
+        raise Suspend(
+            et.WAITING_FOR_EVENT,
+            {
+                "step": path_text(path),
+                "awaits_key": self.awaits_key,
+                "event_type": event_type,
+                "match": match,
+                "timeout_at": timeout_at.isoformat() if timeout_at else None,
+            },
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class Retry(Step):
@@ -103,6 +298,8 @@ class Retry(Step):
     max_delay: Any = None
     give_up_on: tuple[type[BaseException], ...] = ()
     kind = "retry"
+    resumes_from = ("retry",)
+    callable_args = ("times", "backoff", "base_delay", "max_delay")
 
     def arms(self) -> dict[str, tuple[Step, ...]]:
         return {"do": self.do}
@@ -117,6 +314,86 @@ class Retry(Step):
             "give_up_on": [callable_name(exc) for exc in self.give_up_on],
         }
 
+    def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
+        where = f"step {path_text(path)} ({self.label()})"
+        for inner_path, inner in iter_steps(self.do, (*path, "do")):
+            if inner.suspends:
+                yield (
+                    "E003",
+                    f"{where} contains the suspending step {path_text(inner_path)} "
+                    f"({inner.label()}); a retry body may not suspend",
+                    "Move waits out of retry(do=[...]).",
+                )
+        if is_static(self.times) and _bad_times(self.times):
+            yield (
+                "E004",
+                f"{where}: times must be an integer >= 1, got {self.times!r}",
+                "times counts all attempts, the first included.",
+            )
+        if is_static(self.backoff) and self.backoff not in BACKOFFS:
+            yield (
+                "E005",
+                f"{where}: backoff must be 'linear' or 'exponential', got {self.backoff!r}",
+                "linear waits base × attempt; exponential waits base × 2^(attempt-1).",
+            )
+        for arg in ("base_delay", "max_delay"):
+            value = getattr(self, arg)
+            if value is not None and is_static(value):
+                try:
+                    durations.as_delay(value)
+                except InvalidDuration as exc:
+                    yield "E006", f"{where}: {arg}={value!r} is invalid: {exc}", DURATION_HINT
+        if not self.do:
+            yield "E013", f"{where} has an empty body", "Give retry(do=[...]) a step."
+
+    def run(self, execution: Execution, path: Path) -> None:
+        attempt = execution.resumed_attempt(path)
+        times = execution.arg(path, "times", self.times)
+        backoff = execution.arg(path, "backoff", self.backoff)
+        if _bad_times(times):
+            raise execution.invalid(path, f"times must be an integer >= 1, got {times!r}")
+        if backoff not in BACKOFFS:
+            raise execution.invalid(
+                path, f"backoff must be 'linear' or 'exponential', got {backoff!r}"
+            )
+        try:
+            base_value = execution.arg(path, "base_delay", self.base_delay)
+            base = durations.as_delay(
+                workflow_settings.RETRY_BASE_DELAY if base_value is None else base_value
+            )
+            cap_value = execution.arg(path, "max_delay", self.max_delay)
+            cap = None if cap_value is None else durations.as_delay(cap_value)
+        except InvalidDuration as exc:
+            raise execution.invalid(path, str(exc)) from None
+        failure = execution.attempt(self.do, (*path, "do"), attempt)
+        if failure is None:
+            return
+        given_up = failure.exc is not None and isinstance(failure.exc, self.give_up_on)
+        if given_up or attempt >= times:
+            why = "gave up on" if given_up else f"attempt {attempt} of {times} failed with"
+            raise execution.retried(path, failure, why)
+        factor = attempt if backoff == "linear" else 2 ** (attempt - 1)
+        delay = base * factor
+        if cap is not None:
+            delay = min(delay, cap)
+        execution.note_retry(path, attempt, times, failure, delay)
+        raise Suspend(
+            et.RETRY_SCHEDULED,
+            {
+                "step": path_text(path),
+                "attempt": attempt,
+                "max_attempts": times,
+                "wake_at": (execution.now + delay).isoformat(),
+                "error_class": failure.error_class,
+                "failed_step": failure.step,
+                "reason": failure.reason,
+            },
+        )
+
+
+def _bad_times(times: Any) -> bool:
+    return isinstance(times, bool) or not isinstance(times, int) or times < 1
+
 
 @dataclass(frozen=True, eq=False)
 class Branch(Step):
@@ -124,12 +401,26 @@ class Branch(Step):
     then: tuple[Step, ...]
     else_: tuple[Step, ...]
     kind = "branch"
+    callable_args = ("if_",)
 
     def arms(self) -> dict[str, tuple[Step, ...]]:
         return {"then": self.then, "else": self.else_}
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "if": describe_value(self.if_)}
+
+    def run(self, execution: Execution, path: Path) -> None:
+        arm = "then" if execution.arg(path, "if_", self.if_) else "else"
+        execution.run_steps(self.arms()[arm], (*path, arm))
+
+
+def iter_steps(steps: Sequence[Step], prefix: Path = ()) -> Iterator[tuple[Path, Step]]:
+    """Every step of a step list, nested ones included, with its position."""
+    for i, step in enumerate(steps):
+        path = (*prefix, i)
+        yield path, step
+        for arm, children in step.arms().items():
+            yield from iter_steps(children, (*path, arm))
 
 
 def _step_list(value: Any, what: str) -> tuple[Step, ...]:
@@ -210,8 +501,10 @@ __all__ = [
     "BACKOFFS",
     "Branch",
     "Compute",
+    "Execution",
     "Retry",
     "Step",
+    "Suspend",
     "Wait",
     "WaitForEvent",
     "branch",

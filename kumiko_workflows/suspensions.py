@@ -1,0 +1,206 @@
+"""The suspension records: each way a run can wait, told by one run event.
+
+A record ties a suspending run event (``workflow.step.waiting``, …) to its
+``SuspensionType``, to the columns it gives the run's status row and its
+pending row, to where a resume continues, and to the words that explain it.
+The projections, the resume and the admin's explanations ask the record;
+none of them names the kinds. Step kinds (:mod:`kumiko_workflows.steps`) say
+which records they suspend with (``Step.resumes_from``); a new step kind
+reuses a record, and a new record is one more entry here.
+
+Pure functions of an event (or a pending row): no database access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from django.utils.dateparse import parse_datetime
+
+from kumiko_workflows import event_types as et
+
+Facts = list[tuple[str, str]]
+
+
+class Teller(Protocol):
+    """What an explanation is told with (the admin's :mod:`kumiko_workflows.explain`)."""
+
+    #: The run's status row.
+    run: Any
+
+    def when(self, instant: datetime | None) -> str:
+        """An instant for people."""
+
+    def match(self, expression: Any) -> str:
+        """A stored match expression in words."""
+
+    def latest(self, event_type: str) -> dict[str, Any] | None:
+        """The payload of the run's latest event of ``event_type``, if any."""
+
+
+def _instant(value: str | None) -> datetime | None:
+    return parse_datetime(value) if value else None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One kind of suspension; see the module docstring."""
+
+    #: The run event that suspends a run this way.
+    event_type: str
+    #: ``SuspensionType`` of the pending and status rows.
+    suspension_type: str
+    #: The pending row's columns (beyond those every suspension has).
+    pending: Callable[[dict[str, Any], datetime], dict[str, Any]]
+    #: The run status row's columns while it waits (beyond status and step).
+    status: Callable[[dict[str, Any], datetime], dict[str, Any]]
+    #: Whether a resume continues after the step (a wait) or runs it again.
+    after: bool
+    #: The attempt a resume at the step runs, from the pending row.
+    attempt: Callable[[Any], int]
+    #: What to tell people about a pending row of this kind.
+    facts: Callable[[Any, Teller], Facts]
+
+    def pending_columns(self, payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+        return {"suspension_type": self.suspension_type, **self.pending(payload, at)}
+
+    def status_columns(self, payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+        return {
+            "status": "waiting",
+            "step": payload["step"],
+            "suspension_type": self.suspension_type,
+            "awaited_event_type": "",
+            "retry_attempt": 0,
+            **self.status(payload, at),
+        }
+
+
+def _first_attempt(row: Any) -> int:
+    return 1
+
+
+def _timed(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {"wake_at": _instant(payload["wake_at"])}
+
+
+def _event_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    timeout_at = _instant(payload.get("timeout_at"))
+    return {
+        "wake_at": timeout_at,
+        "timeout_at": timeout_at,
+        "wait_event_type": payload["event_type"],
+        "awaits_key": payload["awaits_key"],
+        "match_expr": payload.get("match"),
+    }
+
+
+def _event_status(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {
+        "wake_at": _instant(payload.get("timeout_at")),
+        "awaited_event_type": payload["event_type"],
+    }
+
+
+def _event_facts(row: Any, tell: Teller) -> Facts:
+    facts = [
+        ("Waiting for", f"a {row.wait_event_type!r} event where {tell.match(row.match_expr)}"),
+        (
+            "Deadline",
+            tell.when(row.timeout_at)
+            if row.timeout_at
+            else "none: only the event, a wake or a cancel ends the wait",
+        ),
+    ]
+    if row.awaited_event_id is not None:
+        arrived = tell.when(row.due_since)
+        facts.append(("Awaited event", f"#{row.awaited_event_id} arrived at {arrived}"))
+    return facts
+
+
+def _retry_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {"wake_at": _instant(payload["wake_at"]), "retry_attempt": payload["attempt"]}
+
+
+def _retry_status(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {
+        "wake_at": _instant(payload["wake_at"]),
+        "retry_attempt": payload["attempt"],
+        "error_class": payload.get("error_class", ""),
+    }
+
+
+def _retry_facts(row: Any, tell: Teller) -> Facts:
+    scheduled = tell.latest(et.RETRY_SCHEDULED) or {}
+    most = scheduled.get("max_attempts") or "?"
+    error = tell.run.error_class or "an error"
+    return [
+        (
+            "Retry",
+            f"attempt {row.retry_attempt} of {most} failed with {error}; "
+            f"attempt {row.retry_attempt + 1} at {tell.when(row.wake_at)}",
+        )
+    ]
+
+
+def _rerun_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {"wake_at": at, "due_since": at}
+
+
+def _rerun_status(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {"wake_at": at, "failure_reason": "", "error_class": "", "finished_at": None}
+
+
+WAIT = Record(
+    et.WAITING,
+    "wait",
+    pending=_timed,
+    status=_timed,
+    after=True,
+    attempt=_first_attempt,
+    facts=lambda row, tell: [("Wakes at", tell.when(row.wake_at))],
+)
+EVENT = Record(
+    et.WAITING_FOR_EVENT,
+    "event",
+    pending=_event_pending,
+    status=_event_status,
+    after=True,
+    attempt=_first_attempt,
+    facts=_event_facts,
+)
+RETRY = Record(
+    et.RETRY_SCHEDULED,
+    "retry",
+    pending=_retry_pending,
+    status=_retry_status,
+    after=False,
+    attempt=lambda row: row.retry_attempt + 1,
+    facts=_retry_facts,
+)
+#: Not a step's: ``rerun_run`` (or the admin) asks a failed run to run again.
+RERUN = Record(
+    et.RERUN_REQUESTED,
+    "rerun",
+    pending=_rerun_pending,
+    status=_rerun_status,
+    after=False,
+    attempt=_first_attempt,
+    facts=lambda row, tell: [("Rerun", f"requested at {tell.when(row.due_since)}")],
+)
+
+RECORDS = (WAIT, EVENT, RETRY, RERUN)
+_BY_EVENT = {record.event_type: record for record in RECORDS}
+_BY_TYPE = {record.suspension_type: record for record in RECORDS}
+
+
+def for_event(event_type: str) -> Record | None:
+    """The record a suspending run event writes, or None for any other event."""
+    return _BY_EVENT.get(event_type)
+
+
+def for_type(suspension_type: str) -> Record | None:
+    """The record of a pending row's ``suspension_type``, or None if there is none."""
+    return _BY_TYPE.get(suspension_type)
