@@ -78,7 +78,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="kumiko_workflows.E024",
                 )
             )
+    errors.extend(_database_problems(settings))
     return errors
+
+
+ROUTER = "kumiko_workflows.routers.WorkflowsRouter"
+
+
+def _database_problems(settings: Any) -> list[checks.CheckMessage]:
+    alias = workflow_settings.DATABASE
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return [
+            checks.Error(
+                f"KUMIKO_WORKFLOWS['DATABASE'] is {alias!r}, which is not a key of DATABASES.",
+                hint=f"Name one of: {', '.join(sorted(settings.DATABASES))}.",
+                id="kumiko_workflows.E025",
+            )
+        ]
+    routers = [
+        r if isinstance(r, str) else type(r).__module__ + "." + type(r).__qualname__
+        for r in getattr(settings, "DATABASE_ROUTERS", [])
+    ]
+    if alias != "default" and ROUTER not in routers:
+        return [
+            checks.Error(
+                f"KUMIKO_WORKFLOWS['DATABASE'] is {alias!r}, but the engine's models are not "
+                "routed there.",
+                hint=f'Add "{ROUTER}" to DATABASE_ROUTERS.',
+                id="kumiko_workflows.E026",
+            )
+        ]
+    return []
 
 
 @checks.register("kumiko_workflows")

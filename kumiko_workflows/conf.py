@@ -11,6 +11,9 @@ from typing import Any
 from django.conf import settings as django_settings
 
 DEFAULTS: dict[str, Any] = {
+    # The database alias the engine's tables live on. Another than "default"
+    # needs kumiko_workflows.routers.WorkflowsRouter in DATABASE_ROUTERS.
+    "DATABASE": "default",
     # Tenant used when append_event() is called without tenant_id.
     "DEFAULT_TENANT": "default",
     # Largest JSON payload (and metadata) one event may carry, in bytes.
@@ -20,7 +23,7 @@ DEFAULTS: dict[str, Any] = {
     # Longest sleep of a `resume_due_runs --loop` worker between passes, seconds.
     "WORKER_INTERVAL": 5.0,
     # Runs a worker resumes per transaction (each claimed when its turn comes,
-    # in a savepoint of its own); 1 commits every run on its own.
+    # when its turn comes); 1 commits every run on its own.
     "BATCH_SIZE": 50,
     # Seconds after which a worker commits its batch early (a slow step ends it).
     "BATCH_SECONDS": 0.5,

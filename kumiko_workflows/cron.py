@@ -25,9 +25,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.utils import timezone
 
+from kumiko_workflows import db
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.definition import (
@@ -301,7 +302,7 @@ def fire_schedule(schedule: Schedule, now: datetime) -> int:
 
     if schedule.baseline is None:
         try:
-            with transaction.atomic():
+            with db.atomic():
                 schedule.append(et.SCHEDULE_STARTED, {"started_at": now.isoformat()})
         except VersionConflict:
             pass  # another scheduler started it first: fine, it has the same start
@@ -317,7 +318,7 @@ def fire_schedule(schedule: Schedule, now: datetime) -> int:
     zone = schedule.trigger.zone
     for slot in due_slots(schedule, now):
         slot_iso = slot.isoformat()
-        with transaction.atomic():
+        with db.atomic():
             try:
                 event = schedule.append(
                     et.SCHEDULE_SLOT_FIRED,

@@ -1,7 +1,13 @@
-"""Statements the ORM cannot say well, and the differences between databases.
+"""The database layer: the engine's connection, every raw statement, and the vendors' differences.
 
-Capability flags here stand for the databases' differences, so engine code
-asks "can writers overlap?" instead of naming a vendor.
+The engine's tables live on the database alias ``KUMIKO_WORKFLOWS["DATABASE"]``
+(default ``"default"``): :func:`engine` is its connection and :func:`atomic`
+its transactions; the ORM reaches it through
+:class:`kumiko_workflows.routers.WorkflowsRouter`. Every statement the ORM
+cannot say well is built here, once per shape, in one statement cache
+(:func:`statement`), with identifiers quoted and values as parameters only.
+Capability flags stand for the databases' differences, so engine code asks
+"can writers overlap?" instead of naming a vendor.
 """
 
 from __future__ import annotations
@@ -10,9 +16,41 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 
-from kumiko_workflows.models import Event, WorkflowRunPending, WorkflowWaitKey
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.models import (
+    Event,
+    WorkflowRun,
+    WorkflowRunPending,
+    WorkflowWaitKey,
+)
+
+
+def alias() -> str:
+    """The database alias the engine's tables live on (``KUMIKO_WORKFLOWS["DATABASE"]``)."""
+    return str(workflow_settings.DATABASE)
+
+
+def engine() -> BaseDatabaseWrapper:
+    """The engine's connection (this thread's, for :func:`alias`)."""
+    return connections[alias()]
+
+
+def atomic(*, savepoint: bool = True) -> transaction.Atomic:
+    """A transaction (or savepoint) on the engine's database."""
+    return transaction.atomic(using=alias(), savepoint=savepoint)
+
+
+def on_commit(func: Callable[[], Any], *, robust: bool = False) -> None:
+    """Run ``func`` once the engine's current transaction commits."""
+    transaction.on_commit(func, using=alias(), robust=robust)
+
+
+def set_rollback(rollback: bool) -> None:
+    transaction.set_rollback(rollback, using=alias())
 
 
 def overlapping_writers() -> bool:
@@ -21,17 +59,17 @@ def overlapping_writers() -> bool:
     With one writer at a time, a transaction sees every committed row and no
     other write can be in flight: a wake-up decided inside it is final.
     """
-    return connection.vendor != "sqlite"
+    return engine().vendor != "sqlite"
 
 
 def has_payload_containment() -> bool:
     """Whether ``payload @> {...}`` is served by an index (PostgreSQL's GIN)."""
-    return connection.vendor == "postgresql"
+    return engine().vendor == "postgresql"
 
 
 def chains_writes() -> bool:
     """Whether one statement can chain writes (a data-modifying ``WITH``: PostgreSQL)."""
-    return connection.vendor == "postgresql"
+    return engine().vendor == "postgresql"
 
 
 def wait_paths(tenant_id: str, event_type: str) -> list[str]:
@@ -40,7 +78,7 @@ def wait_paths(tenant_id: str, event_type: str) -> list[str]:
     A loose index scan over ``kw_waitkey_lookup``: one index probe per
     distinct path, however many runs wait.
     """
-    table = connection.ops.quote_name(WorkflowWaitKey._meta.db_table)
+    table = engine().ops.quote_name(WorkflowWaitKey._meta.db_table)
     sql = f"""
         WITH RECURSIVE paths(path) AS (
             SELECT MIN(path) FROM {table} WHERE tenant_id = %s AND event_type = %s
@@ -54,7 +92,7 @@ def wait_paths(tenant_id: str, event_type: str) -> list[str]:
         SELECT path FROM paths WHERE path IS NOT NULL
     """  # noqa: S608 - the table name comes from the model; values are parameters
     params: list[Any] = [tenant_id, event_type, tenant_id, event_type]
-    with connection.cursor() as cursor:
+    with engine().cursor() as cursor:
         cursor.execute(sql, params)
         return [path for (path,) in cursor.fetchall()]
 
@@ -63,8 +101,8 @@ _SQL: dict[tuple[Any, ...], str] = {}
 
 
 def statement(key: tuple[Any, ...], build: Callable[[], str]) -> str:
-    """The statement ``build`` makes for ``key``, built once per key and database vendor."""
-    full = (connection.vendor, *key)
+    """The statement ``build`` makes for ``key``, built once per key and database."""
+    full = (alias(), engine().vendor, *key)
     sql = _SQL.get(full)
     if sql is None:
         sql = _SQL[full] = build()
@@ -77,21 +115,22 @@ def _rows_of(model: type[Any], values: Sequence[Any]) -> Any:
     The converters (JSON text to objects, SQLite's timestamps, ...) are the
     ones a query's compiler would apply, found once per model and vendor.
     """
+    conn = engine()
     fields = model._meta.concrete_fields
     key = ("converters", model._meta.label)
-    converters = _CONVERTERS.get((connection.vendor, *key))
+    converters = _CONVERTERS.get((conn.vendor, *key))
     if converters is None:
         converters = []
         for field in fields:
             col = field.get_col(model._meta.db_table)
-            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            found = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
             converters.append((col, found))
-        _CONVERTERS[(connection.vendor, *key)] = converters
+        _CONVERTERS[(conn.vendor, *key)] = converters
     row = list(values)
     for index, (col, found) in enumerate(converters):
         for convert in found:
-            row[index] = convert(row[index], col, connection)
-    return model.from_db(connection.alias, None, row)
+            row[index] = convert(row[index], col, conn)
+    return model.from_db(conn.alias, None, row)
 
 
 _CONVERTERS: dict[tuple[Any, ...], list[tuple[Any, list[Any]]]] = {}
@@ -116,7 +155,7 @@ def claim_due(
     chained = chains_writes()
 
     def build() -> str:
-        ops = connection.ops
+        ops = engine().ops
         table = ops.quote_name(pending.db_table)
         pending_fields, event_fields = pending.concrete_fields, event.concrete_fields
         row_columns = ", ".join(f"c.{ops.quote_name(str(f.column))}" for f in pending_fields)
@@ -143,13 +182,13 @@ def claim_due(
         )
 
     sql = statement(("claim_due", len(skip)), build)
-    with connection.cursor() as cursor:
+    with engine().cursor() as cursor:
         cursor.execute(sql, [tenant_id, now, *skip])
         found = cursor.fetchone()
         if found is not None and not chained:
             delete = statement(
                 ("claim_due_delete",),
-                lambda: f"DELETE FROM {connection.ops.quote_name(pending.db_table)} "  # noqa: S608
+                lambda: f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
                 "WHERE id = %s",
             )
             cursor.execute(delete, [found[0]])
@@ -158,3 +197,241 @@ def claim_due(
     row = _rows_of(WorkflowRunPending, found[:width])
     trigger = None if found[width] is None else _rows_of(Event, found[width:])
     return row, trigger
+
+
+# --- appending events ---------------------------------------------------------
+
+#: The columns an append writes, in its statements' order (the version goes last).
+EVENT_COLUMNS = (
+    "tenant_id",
+    "aggregate_id",
+    "aggregate_type",
+    "type",
+    "event_version",
+    "payload",
+    "metadata",
+    "created_by",
+    "created_at",
+)
+
+
+def insert_event_sql(shape: str) -> str:
+    """The append's INSERT for ``shape`` (see :func:`_build_insert`), built once per shape."""
+    return statement(("insert_event", shape), lambda: _build_insert(shape))
+
+
+def insert_pair_sql() -> str:
+    """Two chained appends in one statement (see :func:`_build_pair`)."""
+    return statement(("insert_pair",), _build_pair)
+
+
+def _build_insert(shape: str) -> str:
+    """One INSERT that picks (or checks) the version and never raises on a refusal.
+
+    ``ON CONFLICT DO NOTHING`` makes a taken version "no row returned" instead
+    of an error, so no savepoint is needed to keep the caller's transaction
+    usable. The stream's identity rides in the same statement, by ``shape``:
+
+    - ``after`` (an expected version): that event exists in this tenant with
+      this aggregate type (no gap; and each append checking the one before
+      keeps the first event's type);
+    - ``next`` (the next version) and ``new`` (expected version 0): no first
+      event with this id has another tenant or another aggregate type;
+    - ``new_engine`` (an engine stream's first event): none. Run and schedule
+      ids are derived from their tenant, so another tenant's stream with such
+      an id is its own (there only to block this one); the version decides.
+
+    Each check is one more subquery for the planner, not a round trip; the
+    one across tenants uses ``kw_event_stream_head``. ``after``, the shape of
+    the engine's own appends, checks no more than the gap check did before.
+    """
+    table = engine().ops.quote_name(Event._meta.db_table)
+    columns = ", ".join(engine().ops.quote_name(c) for c in (*EVENT_COLUMNS, "version"))
+    placeholders = ", ".join(["%s"] * len(EVENT_COLUMNS))
+    stream = "tenant_id = %s AND aggregate_id = %s"
+    version = "%s"
+    if shape == "next":
+        # Not MAX(version): PostgreSQL plans that as this very index probe,
+        # after planning the aggregate first.
+        version = (
+            f"COALESCE((SELECT version FROM {table} WHERE {stream} "  # noqa: S608
+            "ORDER BY version DESC LIMIT 1), 0) + 1"
+        )
+    if shape == "after":
+        condition = (
+            f"EXISTS (SELECT 1 FROM {table} WHERE {stream} "  # noqa: S608
+            "AND version = %s AND aggregate_type = %s)"
+        )
+    else:
+        condition = (
+            f"NOT EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s "  # noqa: S608
+            "AND version = 1 AND (tenant_id <> %s OR aggregate_type <> %s))"
+        )
+    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608
+    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
+    if shape == "new_engine":
+        return f"{insert} VALUES ({placeholders}, {version}) {conflict}"
+    return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
+
+
+def _build_pair() -> str:
+    """Two chained inserts (PostgreSQL): the second only if the first was written."""
+    table = engine().ops.quote_name(Event._meta.db_table)
+    columns = ", ".join(engine().ops.quote_name(c) for c in (*EVENT_COLUMNS, "version"))
+    placeholders = ", ".join(["%s"] * (len(EVENT_COLUMNS) + 1))
+    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
+    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608 - identifiers
+    previous = (
+        f"EXISTS (SELECT 1 FROM {table} WHERE tenant_id = %s AND aggregate_id = %s "  # noqa: S608
+        "AND version = %s AND aggregate_type = %s)"
+    )
+    return (
+        f"WITH first AS ({insert} SELECT {placeholders} WHERE {previous} {conflict}), "  # noqa: S608
+        f"second AS ({insert} SELECT {placeholders} FROM first {conflict}) "
+        "SELECT id, version FROM first UNION ALL SELECT id, version FROM second"
+    )
+
+
+def run_insert(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """Execute an insert on the append cursor; the (id, version) rows it returned."""
+    cursor, kept = _append_cursor(engine())
+    try:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+    finally:
+        if not kept:
+            cursor.close()
+
+
+def _append_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
+    """Django's cursor for the appends on ``db``, and whether it is kept open.
+
+    Opening and closing a cursor per append cost about a tenth of it. The
+    cursor is Django's own (execute wrappers, query logging and error
+    translation all apply), kept on the connection wrapper while the driver
+    connection and the query logging it was made for stay the same. Every
+    call still does what ``db.cursor()`` does before it opens one: the
+    health check, connecting (which refuses in async code and where tests
+    block the database) and the thread check. A connection whose
+    ``cursor`` is wrapped on the instance (the debug toolbar, a tracer, a
+    test forbidding queries) or that threads share gets a new cursor each
+    time, closed after use, as before.
+    """
+    attributes = vars(db)
+    if "cursor" in attributes or db.allow_thread_sharing:
+        return db.cursor(), False
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    logged = db.queries_logged
+    kept = attributes.get("_kumiko_append_cursor")
+    if kept is not None and kept[0] is db.connection and kept[1] == logged:
+        return kept[2], True
+    cursor = db.cursor()
+    attributes["_kumiko_append_cursor"] = (db.connection, logged, cursor)
+    return cursor, True
+
+
+# --- projections, resuming, operations -----------------------------------------
+
+
+def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[str, Any]) -> None:
+    """``UPDATE`` (``verb``) ``model``'s rows matching ``where`` to ``values``, or ``DELETE`` them.
+
+    ``where`` is field = value, ANDed. Every value is a parameter prepared by
+    its field. On the hottest path (a statement per resume) this costs a
+    fraction of the ORM's query building, and a plain DELETE skips the
+    deletion collector a table nothing cascades from does not need.
+    """
+    conn = engine()
+
+    def build() -> str:
+        ops = conn.ops
+        table = ops.quote_name(model._meta.db_table)
+        condition = " AND ".join(
+            f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in where
+        )
+        if verb == "UPDATE":
+            assignments = ", ".join(
+                f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in values
+            )
+            return f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
+        return f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
+
+    sql = statement((model._meta.db_table, verb, tuple(values), tuple(where)), build)
+    params = [
+        model._meta.get_field(name).get_db_prep_save(value, conn)
+        for name, value in (*values.items(), *where.items())
+    ]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def notify(channel: str, payload: str) -> None:
+    """``NOTIFY channel`` at commit where the database has it (PostgreSQL); else nothing."""
+    conn = engine()
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+
+def listen(channel: str) -> Any:
+    """A new autocommit connection (psycopg) LISTENing on ``channel`` (PostgreSQL only)."""
+    import psycopg  # only PostgreSQL deployments have it
+    from psycopg import sql
+
+    conn = engine()
+    conn.ensure_connection()
+    params = conn.get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    listener = psycopg.connect(**params, autocommit=True)
+    listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    return listener
+
+
+def lock_projection_tables() -> None:
+    """Hold off writers to the projections' tables until the transaction ends (rebuild).
+
+    PostgreSQL locks the tables, in the order the projections write them;
+    SQLite takes its one write lock with a write that touches no row.
+    """
+    conn = engine()
+    if conn.vendor == "postgresql":
+        tables = ", ".join(
+            conn.ops.quote_name(model._meta.db_table)
+            for model in (WorkflowRun, WorkflowRunPending, WorkflowWaitKey)
+        )
+        with conn.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {tables} IN EXCLUSIVE MODE")
+    else:
+        WorkflowRunPending.objects.filter(pk=-1).update(step="")
+
+
+def due_tenants(now: datetime) -> list[str]:
+    """Tenants that have at least one due row (a loose index scan on (tenant_id, wake_at))."""
+
+    def build() -> str:
+        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
+        return f"""
+            WITH RECURSIVE tenants(tenant_id) AS (
+                SELECT MIN(tenant_id) FROM {table}
+                UNION ALL
+                SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
+                FROM tenants t WHERE t.tenant_id IS NOT NULL
+            )
+            SELECT t.tenant_id FROM tenants t
+            WHERE t.tenant_id IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {table} d WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s
+            )
+        """  # noqa: S608 - the table name comes from the model; values are parameters
+
+    with engine().cursor() as cursor:
+        cursor.execute(statement(("due_tenants",), build), [now])
+        return [tenant for (tenant,) in cursor.fetchall()]
+
+
+def connection_broken() -> bool:
+    """Whether the engine's database connection itself is gone (not just a failed statement)."""
+    raw = engine().connection
+    return raw is None or bool(getattr(raw, "closed", False))

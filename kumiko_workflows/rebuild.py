@@ -19,8 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection, transaction
-
+from kumiko_workflows import db
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
 from kumiko_workflows.projections import registry as projection_registry
 
@@ -103,26 +102,6 @@ def _compare(table: str, before: Rows, after: Rows) -> list[Difference]:
     return differences
 
 
-def _lock_tables() -> None:
-    """Hold off concurrent writers to both tables until the transaction ends.
-
-    Appends that would project into them wait (and then apply on top of the
-    rebuilt rows); a rebuild never mixes with a half-applied event.
-    """
-    if connection.vendor == "postgresql":
-        # In the order the projections write them.
-        tables = ", ".join(
-            connection.ops.quote_name(model._meta.db_table)
-            for model in (WorkflowRun, WorkflowRunPending, WorkflowWaitKey)
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(f"LOCK TABLE {tables} IN EXCLUSIVE MODE")
-    elif connection.vendor == "sqlite":
-        # A write that touches no row still takes SQLite's write lock, so the
-        # reads below cannot race another writer (and cannot deadlock with it).
-        WorkflowRunPending.objects.filter(pk=-1).update(step="")
-
-
 def replayed_types() -> list[str]:
     """Event types in the store that some replayable projection handles."""
     stored = Event.objects.order_by().values_list("type", flat=True).distinct()
@@ -164,8 +143,8 @@ def rebuild(
     the current ones and the transaction is rolled back. Either way the
     result lists the rows that differed.
     """
-    with transaction.atomic():
-        _lock_tables()
+    with db.atomic():
+        db.lock_projection_tables()
         before_runs, before_pending, before_keys = _snapshot()
         errors = list(
             WorkflowRun.objects.exclude(last_error="").values_list("run_id", "last_error")
@@ -183,7 +162,7 @@ def rebuild(
         if apply:
             _restore_errors((run_id, text) for run_id, text in errors if (run_id,) in after_runs)
         else:
-            transaction.set_rollback(True)
+            db.set_rollback(True)
     return RebuildResult(events, len(after_runs), len(after_pending), differences, apply)
 
 

@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -238,26 +237,6 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
     return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=True), True
 
 
-def due_tenants(now: datetime) -> list[str]:
-    """Tenants that have at least one due row (a loose index scan on (tenant_id, wake_at))."""
-    table = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
-    sql = f"""
-        WITH RECURSIVE tenants(tenant_id) AS (
-            SELECT MIN(tenant_id) FROM {table}
-            UNION ALL
-            SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
-            FROM tenants t WHERE t.tenant_id IS NOT NULL
-        )
-        SELECT t.tenant_id FROM tenants t
-        WHERE t.tenant_id IS NOT NULL AND EXISTS (
-            SELECT 1 FROM {table} d WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s
-        )
-    """  # noqa: S608 - the table name comes from the model; values are parameters
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [now])
-        return [tenant for (tenant,) in cursor.fetchall()]
-
-
 def resume_due_runs(
     tenant_id: str | None = None,
     limit: int | None = None,
@@ -289,18 +268,12 @@ def resume_due_runs(
         return fixed or timezone.now()
 
     report = ResumeReport()
-    tenants = [tenant_id] if tenant_id is not None else due_tenants(start)
+    tenants = [tenant_id] if tenant_id is not None else db.due_tenants(start)
     for tenant in tenants:
         _drain_tenant(tenant, start, clock, report, limit, should_stop or (lambda: False))
         if should_stop and should_stop():
             break
     return report
-
-
-def _connection_broken() -> bool:
-    """Whether the database connection itself is gone (not just a failed statement)."""
-    raw = connection.connection
-    return raw is None or bool(getattr(raw, "closed", False))
 
 
 def _commits_per_run(row: WorkflowRunPending) -> bool:
@@ -351,7 +324,7 @@ def _drain_tenant(
         batch = ResumeReport()
         drained = False
         try:
-            with transaction.atomic():
+            with db.atomic():
                 savepoints = guarded()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):
@@ -392,14 +365,14 @@ def _claim_and_resume(
     """
     row: WorkflowRunPending | None = None
     try:
-        with transaction.atomic() if savepoint else nullcontext():
+        with db.atomic() if savepoint else nullcontext():
             claimed = db.claim_due(tenant, due, passed_over)
             if claimed is None:
                 return None
             row, trigger = claimed
             outcome, resumed = resume_row(row, trigger, now)
     except Exception as exc:
-        if row is None or _connection_broken():
+        if row is None or db.connection_broken():
             # No row to blame, or every row after this one would fail the
             # same way: end the pass, so the worker backs off and reconnects.
             raise
@@ -436,7 +409,7 @@ def _count_unwound(row: WorkflowRunPending, exc: Exception) -> bool:
     The row is counted only if it is still the same suspension and nobody
     holds it (another worker may have taken it meanwhile).
     """
-    with transaction.atomic():
+    with db.atomic():
         held = (
             WorkflowRunPending.objects.select_for_update(skip_locked=True)
             .filter(pk=row.pk, run_version=row.run_version)
@@ -459,7 +432,7 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
     with the batch; the row's savepoint has rolled the resume itself back.
     """
     try:
-        with transaction.atomic():
+        with db.atomic():
             WorkflowRunPending.objects.filter(pk=row.pk).update(
                 resume_errors=F("resume_errors") + 1
             )
@@ -472,10 +445,10 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
             f"resuming the run raised on {row.resume_errors} passes in a row:",
             exc,
         )
-        with transaction.atomic():
+        with db.atomic():
             fail_run(RunStream.of_pending(row), failure, state=row.state, retry_from=row.step)
     except Exception:
-        if _connection_broken():
+        if db.connection_broken():
             raise
         # Not even this could be written: the next pass tries again.
         logger.exception("run=%s: its failed resume could not be counted or failed", row.run_id)
@@ -517,7 +490,7 @@ def _append_to_run(
             run.trigger_event_id,
         )
         try:
-            with transaction.atomic():
+            with db.atomic():
                 # The lock order of every writer to a run: its pending rows,
                 # then its stream. A worker or a wake-up holding them is
                 # waited for, never deadlocked with.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 
@@ -61,11 +60,7 @@ def is_run_event(event: Event) -> bool:
 
 def notify_due(tenant_id: str) -> None:
     """Wake ``--loop`` workers (PostgreSQL; delivered at commit)."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_notify(%s, %s)", [workflow_settings.NOTIFY_CHANNEL, tenant_id]
-            )
+    db.notify(workflow_settings.NOTIFY_CHANNEL, tenant_id)
 
 
 # --- run status -------------------------------------------------------------
@@ -141,43 +136,12 @@ def project_run_status(event: Event, replaying: bool) -> None:
 
 def _update(model: type[Any], values: dict[str, Any], where: dict[str, Any]) -> None:
     """``UPDATE`` rows of ``model`` matching ``where`` (field = value, ANDed)."""
-    _execute(model, "UPDATE", values, where)
+    db.write_rows(model, "UPDATE", values, where)
 
 
 def _delete(model: type[Any], where: dict[str, Any]) -> None:
     """``DELETE`` rows of ``model`` matching ``where`` (field = value, ANDed)."""
-    _execute(model, "DELETE", {}, where)
-
-
-def _execute(model: type[Any], verb: str, values: dict[str, Any], where: dict[str, Any]) -> None:
-    """One statement on ``model``'s table, every value a parameter prepared by its field.
-
-    On the hottest path (two statements per resume) this costs a fraction of
-    the ORM's query building, and a plain DELETE skips the deletion collector
-    a table nothing cascades from does not need.
-    """
-    conn = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection
-
-    def build() -> str:
-        ops = conn.ops
-        table = ops.quote_name(model._meta.db_table)
-        condition = " AND ".join(
-            f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in where
-        )
-        if verb == "UPDATE":
-            assignments = ", ".join(
-                f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in values
-            )
-            return f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
-        return f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
-
-    sql = db.statement((model._meta.db_table, verb, tuple(values), tuple(where)), build)
-    params = [
-        model._meta.get_field(name).get_db_prep_save(value, conn)
-        for name, value in (*values.items(), *where.items())
-    ]
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
+    db.write_rows(model, "DELETE", {}, where)
 
 
 # --- pending ----------------------------------------------------------------

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
-
-from kumiko_workflows import event_types, wakeups
+from kumiko_workflows import db, event_types, wakeups
 from kumiko_workflows.definition import (
     CronTrigger,
     EventTrigger,
@@ -213,7 +211,7 @@ class Executor:
         saved_steps, saved_awaited = dict(self.ctx.steps), dict(self.ctx.awaited)
         self.ctx.retry_attempt = attempt
         try:
-            with transaction.atomic():
+            with db.atomic():
                 self._run_list(steps, prefix, None)
         except Failure as failure:
             self.ctx.steps, self.ctx.awaited = saved_steps, saved_awaited
@@ -285,7 +283,7 @@ class LazySavepoint:
         if self._atomic is None and not self._busy and not self.paused:
             self._busy = True  # the SAVEPOINT statement itself passes through here
             try:
-                atomic = transaction.atomic()
+                atomic = db.atomic()
                 atomic.__enter__()
                 self._atomic = atomic
             finally:
@@ -294,7 +292,7 @@ class LazySavepoint:
 
     @contextmanager
     def watching(self) -> Iterator[None]:
-        with connection.execute_wrapper(self._before):
+        with db.engine().execute_wrapper(self._before):
             yield
 
     def end(self, error: BaseException | None) -> None:
@@ -468,7 +466,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
     try:
         # One savepoint for the whole start: an error in the engine's own
         # writes takes them all back, and the domain write still commits.
-        with transaction.atomic():
+        with db.atomic():
             if filter_error is not None:
                 fail_opened(stream, opening, filter_error, state=None, retry_from=None)
             else:
@@ -509,7 +507,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
             detail=str(exc),
         )
         try:
-            with transaction.atomic():
+            with db.atomic():
                 fail_opened(stream, opening, failure, state=None, retry_from=None)
         except Exception:
             logger.exception(

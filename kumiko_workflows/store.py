@@ -24,16 +24,15 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
-from django.db.backends.utils import CursorWrapper
 from django.db.models import Field, Max, Subquery
 from django.db.models.signals import post_save, pre_save
 
+from kumiko_workflows import db as db_statements
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.db import chains_writes
+from kumiko_workflows.db import EVENT_COLUMNS, chains_writes
 from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
 from kumiko_workflows.jsonvalues import NotJSON, compact_json, text_problem, text_size, to_json
 from kumiko_workflows.models import Event
@@ -282,20 +281,9 @@ def _prepared(
     return event, (payload_text, metadata_text)
 
 
-_COLUMNS = (
-    "tenant_id",
-    "aggregate_id",
-    "aggregate_type",
-    "type",
-    "event_version",
-    "payload",
-    "metadata",
-    "created_by",
-    "created_at",
-)
 #: Event's fields in the order ``Event(*values)`` takes them: the columns
 #: above with the id first and the version after the aggregate type.
-_FIELDS = ("id", *_COLUMNS[:3], "version", *_COLUMNS[3:])
+_FIELDS = ("id", *EVENT_COLUMNS[:3], "version", *EVENT_COLUMNS[3:])
 
 
 @functools.cache
@@ -305,57 +293,6 @@ def _created_at_field() -> Field:
     if order != _FIELDS:  # a changed model: append_event builds Events by position
         raise AssertionError(f"Event's fields are {order}, append_event expects {_FIELDS}")
     return cast(Field, Event._meta.get_field("created_at"))
-
-
-@functools.cache
-def _insert_sql(vendor: str, shape: str) -> str:
-    """One INSERT that picks (or checks) the version and never raises on a refusal.
-
-    ``ON CONFLICT DO NOTHING`` makes a taken version "no row returned" instead
-    of an error, so no savepoint is needed to keep the caller's transaction
-    usable. The stream's identity rides in the same statement, by ``shape``:
-
-    - ``after`` (an expected version): that event exists in this tenant with
-      this aggregate type (no gap; and each append checking the one before
-      keeps the first event's type);
-    - ``next`` (the next version) and ``new`` (expected version 0): no first
-      event with this id has another tenant or another aggregate type;
-    - ``new_engine`` (an engine stream's first event): none. Run and schedule
-      ids are derived from their tenant, so another tenant's stream with such
-      an id is its own (there only to block this one); the version decides.
-
-    Each check is one more subquery for the planner, not a round trip; the
-    one across tenants uses ``kw_event_stream_head``. ``after``, the shape of
-    the engine's own appends, checks no more than the gap check did before.
-    Built once per shape (and database vendor).
-    """
-    table = connection.ops.quote_name(Event._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(c) for c in (*_COLUMNS, "version"))
-    placeholders = ", ".join(["%s"] * len(_COLUMNS))
-    stream = "tenant_id = %s AND aggregate_id = %s"
-    version = "%s"
-    if shape == "next":
-        # Not MAX(version): PostgreSQL plans that as this very index probe,
-        # after planning the aggregate first.
-        version = (
-            f"COALESCE((SELECT version FROM {table} WHERE {stream} "  # noqa: S608
-            "ORDER BY version DESC LIMIT 1), 0) + 1"
-        )
-    if shape == "after":
-        condition = (
-            f"EXISTS (SELECT 1 FROM {table} WHERE {stream} "  # noqa: S608
-            "AND version = %s AND aggregate_type = %s)"
-        )
-    else:
-        condition = (
-            f"NOT EXISTS (SELECT 1 FROM {table} WHERE aggregate_id = %s "  # noqa: S608
-            "AND version = 1 AND (tenant_id <> %s OR aggregate_type <> %s))"
-        )
-    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608
-    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
-    if shape == "new_engine":
-        return f"{insert} VALUES ({placeholders}, {version}) {conflict}"
-    return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
 
 
 def _insert(
@@ -372,28 +309,28 @@ def _insert(
     only sent if someone besides the projections listens. Only when no row
     comes back does a second query find out why (:func:`_refusal`).
     """
-    db = connections[DEFAULT_DB_ALIAS]  # one lookup of the thread's connection, not one per use
+    db = db_statements.engine()  # one lookup of the thread's connection, not one per use
     tenant, aggregate_type = event.tenant_id, event.aggregate_type
     values = _row_values(db, event, json_texts)
     aggregate = values[1]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
-        sql, params = _insert_sql(db.vendor, "next"), [*values, tenant, aggregate, *foreign]
+        sql, params = db_statements.insert_event_sql("next"), [*values, tenant, aggregate, *foreign]
     elif expected_version == 0 and aggregate_type in ENGINE_STREAMS:
-        sql, params = _insert_sql(db.vendor, "new_engine"), [*values, 1]
+        sql, params = db_statements.insert_event_sql("new_engine"), [*values, 1]
     elif expected_version == 0:
-        sql, params = _insert_sql(db.vendor, "new"), [*values, 1, *foreign]
+        sql, params = db_statements.insert_event_sql("new"), [*values, 1, *foreign]
     else:
-        sql = _insert_sql(db.vendor, "after")
+        sql = db_statements.insert_event_sql("after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
         params = [*values, expected_version + 1, *previous]
     projected = registry.handles(event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
     for _ in range(attempts):
-        block = transaction.atomic(savepoint=savepoint) if projected else nullcontext()
+        block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
         with block:
-            rows = _run_insert(db, sql, params)
+            rows = db_statements.run_insert(sql, params)
             if rows:
                 _saved(db, event, rows[0], projected)
                 return
@@ -404,7 +341,7 @@ def _insert(
 
 
 def _row_values(db: BaseDatabaseWrapper, event: Event, json_texts: tuple[str, str]) -> list[Any]:
-    """The values of ``_COLUMNS`` for ``event``, as the database takes them."""
+    """The values of ``EVENT_COLUMNS`` for ``event``, as the database takes them."""
     # What UUIDField and DateTimeField would send, without their generic
     # preparation chains: the stream id as text (a native uuid column reads
     # it as well, and psycopg binds a string client-side for a fraction of a
@@ -426,17 +363,6 @@ def _row_values(db: BaseDatabaseWrapper, event: Event, json_texts: tuple[str, st
         event.created_by,
         db.ops.adapt_datetimefield_value(event.created_at),
     ]
-
-
-def _run_insert(db: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """Execute an insert on the append cursor; the (id, version) rows it returned."""
-    cursor, kept = _append_cursor(db)
-    try:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-    finally:
-        if not kept:
-            cursor.close()
 
 
 def _saved(db: BaseDatabaseWrapper, event: Event, row: tuple[Any, ...], projected: bool) -> None:
@@ -473,7 +399,7 @@ def append_engine_pair(
     only the second is, the first stays written and the caller, which runs
     in an atomic block it unwinds on errors, must roll it back.
     """
-    db = connections[DEFAULT_DB_ALIAS]
+    db = db_statements.engine()
     prepared = []  # both checked (the stream's types included) before any SQL
     for offset, (type, payload) in enumerate((first, second)):
         event, texts = _prepared(
@@ -516,7 +442,8 @@ def _insert_pair(
     params = [*one_values, expected_version + 1, *previous, *two_values, expected_version + 2]
     for event in (one, two):
         pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
-    rows = {version: (pk, version) for pk, version in _run_insert(db, _pair_sql(), params)}
+    inserted = db_statements.run_insert(db_statements.insert_pair_sql(), params)
+    rows = {version: (pk, version) for pk, version in inserted}
     if expected_version + 1 not in rows:
         raise _refusal(one, expected_version) or _version_conflict(one, expected_version)
     _saved(db, one, rows[expected_version + 1], registry.handles(one.type))
@@ -525,58 +452,10 @@ def _insert_pair(
     _saved(db, two, rows[expected_version + 2], registry.handles(two.type))
 
 
-@functools.cache
-def _pair_sql() -> str:
-    """Two chained inserts (PostgreSQL): the second only if the first was written."""
-    table = connection.ops.quote_name(Event._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(c) for c in (*_COLUMNS, "version"))
-    placeholders = ", ".join(["%s"] * (len(_COLUMNS) + 1))
-    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
-    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608 - identifiers
-    previous = (
-        f"EXISTS (SELECT 1 FROM {table} WHERE tenant_id = %s AND aggregate_id = %s "  # noqa: S608
-        "AND version = %s AND aggregate_type = %s)"
-    )
-    return (
-        f"WITH first AS ({insert} SELECT {placeholders} WHERE {previous} {conflict}), "  # noqa: S608
-        f"second AS ({insert} SELECT {placeholders} FROM first {conflict}) "
-        "SELECT id, version FROM first UNION ALL SELECT id, version FROM second"
-    )
-
-
-def _append_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
-    """Django's cursor for the appends on ``db``, and whether it is kept open.
-
-    Opening and closing a cursor per append cost about a tenth of it. The
-    cursor is Django's own (execute wrappers, query logging and error
-    translation all apply), kept on the connection wrapper while the driver
-    connection and the query logging it was made for stay the same. Every
-    call still does what ``db.cursor()`` does before it opens one: the
-    health check, connecting (which refuses in async code and where tests
-    block the database) and the thread check. A connection whose
-    ``cursor`` is wrapped on the instance (the debug toolbar, a tracer, a
-    test forbidding queries) or that threads share gets a new cursor each
-    time, closed after use, as before.
-    """
-    attributes = vars(db)
-    if "cursor" in attributes or db.allow_thread_sharing:
-        return db.cursor(), False
-    db.close_if_health_check_failed()
-    db.ensure_connection()
-    db.validate_thread_sharing()
-    logged = db.queries_logged
-    kept = attributes.get("_kumiko_append_cursor")
-    if kept is not None and kept[0] is db.connection and kept[1] == logged:
-        return kept[2], True
-    cursor = db.cursor()
-    attributes["_kumiko_append_cursor"] = (db.connection, logged, cursor)
-    return cursor, True
-
-
 def _refusal(event: Event, expected_version: int | None) -> StreamIdentityError | None:
     """Why the stream refuses ``event``'s tenant or aggregate type, if it does.
 
-    Mirrors :func:`_insert_sql`'s checks. The message never names another
+    Mirrors :func:`kumiko_workflows.db.insert_event_sql`'s checks. The message never names another
     tenant: the caller may be that tenant's adversary. Within a tenant,
     naming the stream's type helps fix the call.
     """

@@ -28,7 +28,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Q
 
 from kumiko_workflows import db, matching
@@ -132,7 +131,7 @@ def wake_with(row: WorkflowRunPending, event: Event) -> bool:
     version decides, as for every write to a run.
     """
     try:
-        with transaction.atomic():
+        with db.atomic():
             RunStream.of_pending(row).append(
                 et.WAKE_REQUESTED,
                 {
@@ -160,7 +159,7 @@ def _fail_invalid_match(row: WorkflowRunPending, exc: Exception) -> None:
         exc,
     )
     try:
-        with transaction.atomic():
+        with db.atomic():
             fail_run(
                 RunStream.of_pending(row),
                 Failure(
@@ -239,7 +238,7 @@ def wake_by_look_back(tenant_id: str, run_id: Any) -> bool:
 
 def _leave_check(tenant_id: str, **subject: Any) -> None:
     check = WakeCheck.objects.create(tenant_id=tenant_id, **subject)
-    transaction.on_commit(lambda: decide_checks([check.pk]), robust=True)
+    db.on_commit(lambda: decide_checks([check.pk]), robust=True)
 
 
 def project_wakeup(event: Event, replaying: bool) -> None:
@@ -253,7 +252,7 @@ def project_wakeup(event: Event, replaying: bool) -> None:
     if db.overlapping_writers():
         _leave_check(event.tenant_id, event_id=event.id)
     try:
-        with transaction.atomic():
+        with db.atomic():
             wake_for_event(event)
     except Exception:
         # Never the domain write's failure (invariant 3): on PostgreSQL the
@@ -291,7 +290,7 @@ def decide_checks(ids: Iterable[int]) -> int:
     settled = 0
     for pk in ids:
         try:
-            with transaction.atomic():
+            with db.atomic():
                 check = WakeCheck.objects.select_for_update(skip_locked=True).filter(pk=pk).first()
                 if check is None:
                     continue
@@ -306,7 +305,7 @@ def decide_checks(ids: Iterable[int]) -> int:
 
 def _count_attempt(pk: int) -> None:
     try:
-        with transaction.atomic():
+        with db.atomic():
             check = WakeCheck.objects.select_for_update().filter(pk=pk).first()
             if check is None:
                 return

@@ -21,10 +21,11 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, close_old_connections, connection
+from django.db import DatabaseError, InterfaceError, close_old_connections
 from django.db.models import Min
 from django.utils import timezone
 
+from kumiko_workflows import db
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.models import WorkflowRunPending
 from kumiko_workflows.resume import ResumeReport, resume_due_runs
@@ -77,17 +78,7 @@ class Listener:
         return None if self.conn is None else self.conn.fileno()
 
     def _connect(self) -> None:
-        import psycopg
-        from psycopg import sql
-
-        connection.ensure_connection()
-        params = connection.get_connection_params()
-        for key in ("cursor_factory", "context", "prepare_threshold"):
-            params.pop(key, None)
-        self.conn = psycopg.connect(**params, autocommit=True)
-        self.conn.execute(
-            sql.SQL("LISTEN {}").format(sql.Identifier(workflow_settings.NOTIFY_CHANNEL))
-        )
+        self.conn = db.listen(workflow_settings.NOTIFY_CHANNEL)
 
     def drain(self) -> int:
         """Consume pending notifications; return how many there were."""
@@ -176,10 +167,10 @@ class Worker:
     # -- the loop ------------------------------------------------------------------
 
     def run_forever(self) -> None:
-        if connection.vendor == "sqlite":
+        if not db.overlapping_writers():
             logger.warning("SQLite allows one resume worker at a time; do not start a second one")
         self._install_signals()
-        listener = Listener() if connection.vendor == "postgresql" else None
+        listener = Listener() if db.engine().vendor == "postgresql" else None
         if listener is not None:
             listener.connect()  # before the first pass: no NOTIFY is missed after it
         backoff = 1.0
@@ -268,7 +259,7 @@ class Worker:
     @staticmethod
     def _reset_connection(listener: Listener | None) -> None:
         try:
-            connection.close()
+            db.engine().close()
         except Exception:  # pragma: no cover - the connection is already gone
             pass
         if listener is not None:
