@@ -34,6 +34,7 @@ _EXPORTS = {
     "InvalidDuration": "kumiko_workflows.exceptions",
     "InvalidMatchExpression": "kumiko_workflows.exceptions",
     "RunNotFound": "kumiko_workflows.exceptions",
+    "RunNotRerunnable": "kumiko_workflows.exceptions",
     "RunNotRetryable": "kumiko_workflows.exceptions",
     "ScheduleError": "kumiko_workflows.exceptions",
     "InvalidArgument": "kumiko_workflows.exceptions",
@@ -41,6 +42,7 @@ _EXPORTS = {
     "resume_due_runs": "kumiko_workflows.resume",
     "cancel_run": "kumiko_workflows.resume",
     "wake_run": "kumiko_workflows.resume",
+    "rerun_run": "kumiko_workflows.resume",
     "retry_run": "kumiko_workflows.resume",
     "fire_due_schedules": "kumiko_workflows.cron",
 }
@@ -53,6 +55,7 @@ __all__ = [
     "InvalidMatchExpression",
     "RunContext",
     "RunNotFound",
+    "RunNotRerunnable",
     "RunNotRetryable",
     "ScheduleError",
     "StreamIdentityError",
@@ -68,6 +71,7 @@ __all__ = [
     "load_stream",
     "on_cron",
     "on_event",
+    "rerun_run",
     "resume_due_runs",
     "retry_run",
     "run_id_for",
@@ -86,6 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
         InvalidEvent,
         InvalidMatchExpression,
         RunNotFound,
+        RunNotRerunnable,
         RunNotRetryable,
         ScheduleError,
         StreamIdentityError,
@@ -93,7 +98,13 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowDefinitionError,
         WorkflowError,
     )
-    from kumiko_workflows.resume import cancel_run, resume_due_runs, retry_run, wake_run
+    from kumiko_workflows.resume import (
+        cancel_run,
+        rerun_run,
+        resume_due_runs,
+        retry_run,
+        wake_run,
+    )
     from kumiko_workflows.runner import RunContext
     from kumiko_workflows.store import append_event, load_stream
 

@@ -2,7 +2,7 @@
 
 Everything is read-only: events are an append-only log and the two other
 tables are projections of it. What changes a run are the actions (wake now,
-cancel, retry), each appending an event through the public API, each with its
+cancel, rerun), each appending an event through the public API, each with its
 own permission. ``KUMIKO_WORKFLOWS["ADMIN_TENANT"]`` (``request -> tenant id
 or None``) limits a staff user to one tenant's rows; superusers see all.
 """
@@ -23,7 +23,7 @@ from django.utils.html import format_html
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import import_callable, workflow_settings
-from kumiko_workflows.exceptions import RunNotFound, RunNotRetryable
+from kumiko_workflows.exceptions import RunNotFound, RunNotRerunnable
 from kumiko_workflows.explain import (
     describe_match,
     explain,
@@ -40,7 +40,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.resume import cancel_run, retry_run, wake_run
+from kumiko_workflows.resume import cancel_run, rerun_run, wake_run
 
 #: Runs listed by name on the cancel confirmation page; the rest are counted.
 CANCEL_LIST_LIMIT = 100
@@ -159,7 +159,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
     list_filter = ("status", "workflow_name", "tenant_id")
     search_fields = ("run_id", "idempotency_key")
     ordering = ("-updated_at",)
-    actions = ["wake_now", "cancel_runs", "retry_failed"]
+    actions = ["wake_now", "cancel_runs", "rerun_failed"]
     change_form_template = "admin/kumiko_workflows/workflowrun/change_form.html"
     change_list_template = "admin/kumiko_workflows/workflowrun/change_list.html"
     fieldsets = (
@@ -214,7 +214,8 @@ class WorkflowRunAdmin(WorkflowAdmin):
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return self._has(request, "cancel_workflowrun")
 
-    def has_retry_permission(self, request: HttpRequest) -> bool:
+    def has_rerun_permission(self, request: HttpRequest) -> bool:
+        # The permission kept its first codename, so existing grants still apply.
         return self._has(request, "retry_workflowrun")
 
     # --- the run list -----------------------------------------------------------
@@ -270,9 +271,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 else "Resumes on the next worker pass."
             )
             buttons.append(("wake_now", "Wake now", note))
-        if "retry_failed" in allowed and run.status == RunStatus.FAILED:
+        if "rerun_failed" in allowed and run.status == RunStatus.FAILED:
             buttons.append(
-                ("retry_failed", "Retry", "Runs again from where the failed attempt began.")
+                ("rerun_failed", "Rerun", "Runs again from where the failed attempt began.")
             )
         if "cancel_runs" in allowed and run.status not in SETTLED_STATUSES:
             buttons.append(("cancel_runs", "Cancel…", "Asks for a reason first."))
@@ -371,21 +372,21 @@ class WorkflowRunAdmin(WorkflowAdmin):
         )
 
     @admin.action(
-        permissions=["retry"], description="Retry failed runs from where the failed attempt began"
+        permissions=["rerun"], description="Rerun failed runs from where the failed attempt began"
     )
-    def retry_failed(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-        retried = skipped = 0
+    def rerun_failed(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        requested = skipped = 0
         refused: list[str] = []
         for run in queryset:
             if run.status != RunStatus.FAILED:
                 skipped += 1
                 continue
             try:
-                if retry_run(run.run_id, by=_actor(request)):
-                    retried += 1
+                if rerun_run(run.run_id, by=_actor(request)):
+                    requested += 1
                 else:
                     skipped += 1
-            except (RunNotRetryable, RunNotFound) as exc:
+            except (RunNotRerunnable, RunNotFound) as exc:
                 refused.append(str(exc))
         if refused:
             self.message_user(
@@ -394,13 +395,14 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""),
                 messages.ERROR,
             )
-            if not retried and not skipped:
+            if not requested and not skipped:
                 return self._back(request, queryset)
         return self._done(
             request,
             queryset,
-            retried,
-            "Retried {runs}: the next worker pass runs each from where its failed attempt began.",
+            requested,
+            "Rerun requested for {runs}: the next worker pass runs each from where its failed "
+            "attempt began.",
             skipped,
             "not failed",
         )

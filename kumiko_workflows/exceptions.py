@@ -73,8 +73,12 @@ class RunNotFound(WorkflowError, LookupError):
     """No workflow run has that id."""
 
 
-class RunNotRetryable(WorkflowError):
-    """The run cannot be retried."""
+class RunNotRerunnable(WorkflowError):
+    """The failed run cannot be rerun (see :func:`kumiko_workflows.rerun_run`)."""
+
+
+#: Deprecated: the old name of :class:`RunNotRerunnable` (the same class).
+RunNotRetryable = RunNotRerunnable
 
 
 class StreamMoved(WorkflowError):

@@ -178,11 +178,11 @@ def _explain_failed(run: WorkflowRun) -> Explanation:
     ]
     workflow = registry.get(run.workflow_name)
     if workflow is None:
-        facts.append(("Retry", f"not possible: workflow {run.workflow_name!r} is not registered"))
+        facts.append(("Rerun", f"not possible: workflow {run.workflow_name!r} is not registered"))
     elif workflow.fingerprint != run.definition_fingerprint:
-        facts.append(("Retry", "not possible: the workflow's definition changed since it started"))
+        facts.append(("Rerun", "not possible: the workflow's definition changed since it started"))
     else:
-        facts.append(("Retry", "possible: it re-enters the step where the failed attempt began"))
+        facts.append(("Rerun", "possible: it re-enters the step where the failed attempt began"))
     return Explanation("Failed.", facts, error_text=run.last_error)
 
 

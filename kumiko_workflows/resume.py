@@ -1,4 +1,4 @@
-"""Resuming suspended runs, and the operations on a run: cancel, wake, retry.
+"""Resuming suspended runs, and the operations on a run: cancel, wake, rerun.
 
 ``resume_due_runs`` claims due pending rows one at a time (``FOR UPDATE SKIP
 LOCKED`` on PostgreSQL, so racing workers never pick the same row), resumes
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -29,7 +30,7 @@ from kumiko_workflows.definition import Workflow, parse_path, registry
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     RunNotFound,
-    RunNotRetryable,
+    RunNotRerunnable,
     VersionConflict,
 )
 from kumiko_workflows.jsonvalues import text_problem
@@ -554,22 +555,22 @@ def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     )
 
 
-def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     """Run a failed run again from where its failed attempt began.
 
     The steps of that attempt were rolled back with the failure, so they run
-    again. Raises :class:`RunNotRetryable` when the run is not failed or its
+    again. Raises :class:`RunNotRerunnable` when the run is not failed or its
     workflow's definition changed since it started, :class:`InvalidArgument`
     for a ``by`` the event store would refuse.
     """
     _check_by(by)
     run = _run(run_id)
     if run.status != RunStatus.FAILED:
-        raise RunNotRetryable(f"run {run.run_id} is {run.status}, not failed")
+        raise RunNotRerunnable(f"run {run.run_id} is {run.status}, not failed")
     workflow = registry.get(run.workflow_name)
     if workflow is None or workflow.fingerprint != run.definition_fingerprint:
-        raise RunNotRetryable(
-            f"run {run.run_id} cannot be retried: workflow {run.workflow_name!r} changed since it "
+        raise RunNotRerunnable(
+            f"run {run.run_id} cannot be rerun: workflow {run.workflow_name!r} changed since it "
             "started (or is no longer registered)"
         )
     failed = (
@@ -577,15 +578,16 @@ def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
         .order_by("-version")
         .first()
     )
-    retry_from = failed.payload.get("retry_from") if failed else None
-    if retry_from is None:
-        raise RunNotRetryable(f"run {run.run_id} failed before its first step could run")
+    # The failure records where a rerun starts under the payload key "retry_from".
+    rerun_from = failed.payload.get("retry_from") if failed else None
+    if rerun_from is None:
+        raise RunNotRerunnable(f"run {run.run_id} failed before its first step could run")
 
-    assert failed is not None  # retry_from came from it
+    assert failed is not None  # rerun_from came from it
 
     def payload(current: WorkflowRun) -> dict[str, Any]:
         return {
-            "step": retry_from,
+            "step": rerun_from,
             "workflow_name": current.workflow_name,
             "definition_fingerprint": current.definition_fingerprint,
             "trigger_event_id": current.trigger_event_id,
@@ -600,3 +602,13 @@ def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
         payload,
         by,
     )
+
+
+def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+    """Deprecated: the old name of :func:`rerun_run`, which it calls."""
+    warnings.warn(
+        "kumiko_workflows.retry_run is deprecated; use rerun_run",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return rerun_run(run_id, by=by)

@@ -237,7 +237,7 @@ def _prepared(
     if engine is not None and not _engine_writing.get():
         raise InvalidEvent(
             f"aggregate type {aggregate_type!r} is reserved: only the engine writes those "
-            "streams (use cancel_run, wake_run or retry_run to act on a run)"
+            "streams (use cancel_run, wake_run or rerun_run to act on a run)"
         )
     type = _name(type, "type")
     if engine is not None and type not in engine[0]:

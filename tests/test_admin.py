@@ -123,7 +123,8 @@ def test_every_page_renders_for_a_superuser(client, root, future_iso):
     assert "Why did this run fail?" in page
     assert "step_failed" in page and "RuntimeError" in page
     assert "database password is hunter2" in page  # last_error, shown to staff only
-    assert 'id="kw-retry_failed"' in page and "Wake now" not in page
+    assert 'id="kw-rerun_failed"' in page and "Wake now" not in page
+    assert "Rerun</th><td>possible: it re-enters the step" in page
 
     page = client.get(change_url(cancelled)).content.decode()
     assert "Cancelled: it will not run again." in page and "admin:root" in page
@@ -255,14 +256,15 @@ def test_cancel_skips_finished_runs(client, root, future_iso):
     assert types_of(failed.run_id)[-1] == et.RUN_FAILED
 
 
-def test_retry_reenters_the_failed_step(client, root):
+def test_rerun_reenters_the_failed_step(client, root):
     failed = start("t.fail")
     assert WorkflowRun.objects.get(pk=failed.pk).status == "failed"
 
-    response = post_action(client, "retry_failed", failed)
+    response = post_action(client, "rerun_failed", failed)
 
     assert (
-        "Retried 1 run: the next worker pass runs each from where its failed attempt began."
+        "Rerun requested for 1 run: the next worker pass runs each from where its failed "
+        "attempt began."
         in messages_of(client.get(response["Location"]))
     )
     rerun = Event.objects.get(aggregate_id=failed.run_id, type=et.RERUN_REQUESTED)
@@ -273,7 +275,7 @@ def test_retry_reenters_the_failed_step(client, root):
     assert types_of(failed.run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.RUN_FAILED]
 
 
-def test_retry_is_refused_when_the_definition_changed(client, root):
+def test_rerun_is_refused_when_the_definition_changed(client, root):
     failed = start("t.fail")
     changed = define_workflow(
         name="t-fail",
@@ -285,9 +287,9 @@ def test_retry_is_refused_when_the_definition_changed(client, root):
 
     with registry.override(changed):
         page = client.get(change_url(failed)).content.decode()
-        response = post_action(client, "retry_failed", failed)
+        response = post_action(client, "rerun_failed", failed)
 
-    assert "not possible: the workflow&#x27;s definition changed" in page
+    assert "Rerun</th><td>not possible: the workflow&#x27;s definition changed" in page
     texts = messages_of(client.get(response["Location"]))
     assert len(texts) == 1 and texts[0].startswith("Refused 1 run: ")
     assert "changed since it started" in texts[0]
@@ -302,7 +304,7 @@ def test_retry_is_refused_when_the_definition_changed(client, root):
     [
         ("wake_now", "wake_workflowrun"),
         ("cancel_runs", "cancel_workflowrun"),
-        ("retry_failed", "retry_workflowrun"),
+        ("rerun_failed", "retry_workflowrun"),
     ],
 )
 def test_staff_without_the_action_permission_cannot_run_it(
@@ -311,7 +313,7 @@ def test_staff_without_the_action_permission_cannot_run_it(
     others = {"wake_workflowrun", "cancel_workflowrun", "retry_workflowrun"} - {missing}
     user = make_user(django_user_model, "sam", *VIEW_PERMS, *others)
     client.force_login(user)
-    run = start("t.fail") if action == "retry_failed" else start("t.wait", **{"for": future_iso})
+    run = start("t.fail") if action == "rerun_failed" else start("t.wait", **{"for": future_iso})
     before = types_of(run.run_id)
 
     page = client.get(change_url(run))
@@ -386,7 +388,7 @@ def test_tenant_scoped_staff_act_only_on_their_tenant(
 
     post_action(client, "wake_now", mine, theirs)
     post_action(client, "cancel_runs", theirs, kw_confirm="yes", reason="not mine")
-    post_action(client, "retry_failed", failed)
+    post_action(client, "rerun_failed", failed)
     post_action(client, "wake_now", theirs, _kw_return="1")
 
     assert types_of(mine.run_id)[-1] == et.WAKE_REQUESTED

@@ -460,16 +460,16 @@ BAD_BY = {
 
 
 def _operation(name):
-    from kumiko_workflows import cancel_run, retry_run, wake_run
+    from kumiko_workflows import cancel_run, rerun_run, wake_run
 
     return {
         "cancel": lambda run_id, by: cancel_run(run_id, "duplicate", by=by),
         "wake": lambda run_id, by: wake_run(run_id, by=by),
-        "retry": lambda run_id, by: retry_run(run_id, by=by),
+        "rerun": lambda run_id, by: rerun_run(run_id, by=by),
     }[name]
 
 
-@pytest.mark.parametrize("operation", ["cancel", "wake", "retry"])
+@pytest.mark.parametrize("operation", ["cancel", "wake", "rerun"])
 @pytest.mark.parametrize("by, message", BAD_BY.values(), ids=BAD_BY.keys())
 def test_a_bad_by_is_refused_before_any_sql_and_the_run_is_untouched(
     operation, by, message, future, django_assert_num_queries

@@ -944,6 +944,7 @@ def test_lambdas_get_a_warning_since_their_bodies_are_not_fingerprinted():
 def test_the_exceptions_the_api_raises_and_the_run_context_are_importable_from_the_package():
     import kumiko_workflows
 
-    for name in ("RunNotFound", "RunNotRetryable", "InvalidEvent", "InvalidArgument", "RunContext"):
+    names = ("RunNotFound", "RunNotRerunnable", "InvalidEvent", "InvalidArgument", "RunContext")
+    for name in names:
         assert name in kumiko_workflows.__all__
         assert getattr(kumiko_workflows, name).__name__ == name

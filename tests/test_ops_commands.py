@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from kumiko_workflows import append_event, cancel_run, resume_due_runs, retry_run, run_id_for
+from kumiko_workflows import append_event, cancel_run, rerun_run, resume_due_runs, run_id_for
 from kumiko_workflows import event_types as et
 from kumiko_workflows.management.commands.workflow_status import status_report
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
@@ -53,7 +53,7 @@ def lifecycle(past, future):
     from kumiko_workflows import wake_run
 
     wake_run(runs["woken"], by="tests")
-    retry_run(runs["rerun"], by="tests")
+    rerun_run(runs["rerun"], by="tests")
     resume_due_runs()
     return runs
 

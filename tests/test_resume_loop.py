@@ -279,17 +279,17 @@ def test_wake_run_makes_a_waiting_run_due_now(future):
     assert wake_run(run_id) is False
 
 
-@pytest.mark.parametrize("operation", ["cancel", "wake", "retry"])
+@pytest.mark.parametrize("operation", ["cancel", "wake", "rerun"])
 def test_operations_on_an_unknown_run_id_say_so(operation):
     import uuid
 
-    from kumiko_workflows import cancel_run, retry_run, wake_run
+    from kumiko_workflows import cancel_run, rerun_run, wake_run
     from kumiko_workflows.exceptions import RunNotFound
 
     call = {
         "cancel": lambda rid: cancel_run(rid, reason="x"),
         "wake": wake_run,
-        "retry": retry_run,
+        "rerun": rerun_run,
     }[operation]
     missing = uuid.uuid4()
     with pytest.raises(RunNotFound, match=str(missing)):
@@ -329,24 +329,24 @@ def test_awaited_event_gone_fails_the_run():
     assert run_events(run_id)[-1].payload["reason"] == "awaited_event_unavailable"
 
 
-def test_retry_run_reruns_a_failed_run_from_where_its_attempt_began(now):
-    from kumiko_workflows import retry_run
-    from kumiko_workflows.exceptions import RunNotRetryable
+def test_rerun_run_reruns_a_failed_run_from_where_its_attempt_began(now):
+    from kumiko_workflows import rerun_run
+    from kumiko_workflows.exceptions import RunNotRerunnable
 
     event = trigger("t.retry", fail_attempts=1)
     run_id = run_id_for("t-retry", event.payload["run_key"])
     _tamper(run_id, definition_fingerprint="x")  # make the resume fail
     resume_due_runs(now=now + timedelta(seconds=11))
     assert WorkflowRun.objects.get(run_id=run_id).status == "failed"
-    with pytest.raises(RunNotRetryable, match="changed"):
+    with pytest.raises(RunNotRerunnable, match="changed"):
         # The run's own fingerprint is fine: only the pending row was tampered.
         # So make the registry differ to see the refusal first.
         from kumiko_workflows.definition import registry
 
         with registry.without("t-retry"):
-            retry_run(run_id)
+            rerun_run(run_id)
 
-    assert retry_run(run_id, by="ops") is True
+    assert rerun_run(run_id, by="ops") is True
     assert WorkflowRun.objects.get(run_id=run_id).status == "waiting"
     resume_due_runs(now=now + timedelta(seconds=12))
     # The retry step runs again from attempt 1, which fails once more...
@@ -354,7 +354,26 @@ def test_retry_run_reruns_a_failed_run_from_where_its_attempt_began(now):
     resume_due_runs(now=now + timedelta(seconds=60))
     # ...and attempt 2 passes.
     assert types_of(run_id)[-2:] == [et.RESUMED, et.RUN_COMPLETED]
-    with pytest.raises(RunNotRetryable, match="completed"):
+    with pytest.raises(RunNotRerunnable, match="completed"):
+        rerun_run(run_id)
+
+
+def test_the_old_names_retry_run_and_run_not_retryable_still_work_and_warn(now):
+    import kumiko_workflows
+    from kumiko_workflows import RunNotRerunnable, RunNotRetryable, retry_run
+
+    assert RunNotRetryable is RunNotRerunnable
+    assert {"retry_run", "RunNotRetryable"} <= set(kumiko_workflows.__all__)
+    event = trigger("t.retry", fail_attempts=1)
+    run_id = run_id_for("t-retry", event.payload["run_key"])
+    _tamper(run_id, definition_fingerprint="x")  # make the resume fail
+    resume_due_runs(now=now + timedelta(seconds=11))
+
+    with pytest.warns(DeprecationWarning, match="retry_run is deprecated; use rerun_run"):
+        assert retry_run(run_id, by="ops") is True
+    assert types_of(run_id)[-1] == et.RERUN_REQUESTED
+    assert run_events(run_id)[-1].payload["by"] == "ops"
+    with pytest.warns(DeprecationWarning), pytest.raises(RunNotRetryable, match="waiting"):
         retry_run(run_id)
 
 
@@ -520,7 +539,7 @@ class LedgerLocked(Exception):
 
 def test_a_run_whose_resume_keeps_raising_is_failed_after_max_resume_errors(settings, now):
     """Nothing is retried for ever: the third pass in a row that trips over it fails it."""
-    from kumiko_workflows import retry_run
+    from kumiko_workflows import rerun_run
     from kumiko_workflows.explain import explain
     from kumiko_workflows.projections import registry as projections
     from kumiko_workflows.rebuild import check
@@ -566,8 +585,8 @@ def test_a_run_whose_resume_keeps_raising_is_failed_after_max_resume_errors(sett
     assert not WorkflowRunPending.objects.filter(run_id=stuck).exists()
     assert resume_due_runs(now=now + timedelta(minutes=4)).processed == 0
 
-    # Once the cause is gone, the run can be retried from its suspension.
-    assert retry_run(stuck, by="ops") is True
+    # Once the cause is gone, the run can be rerun from its suspension.
+    assert rerun_run(stuck, by="ops") is True
     assert _pending(stuck).resume_errors == 0
     for minutes in (5, 6):  # the wait step runs again (PT0S), then the rest
         assert resume_due_runs(now=now + timedelta(minutes=minutes)).errors == 0

@@ -335,7 +335,7 @@ class Command(BaseCommand):
             + "\n  python manage.py createsuperuser"
             + "\n  python manage.py runserver"
             + "\n  then open http://127.0.0.1:8000/admin/kumiko_workflows/workflowrun/"
-            + "\n  (filter by status 'failed' and open one to see why; 'Retry' runs it again)"
+            + "\n  (filter by status 'failed' and open one to see why; 'Rerun' runs it again)"
             + "\n  More: python manage.py workflow_status --failed"
             + "\n        python manage.py rebuild_workflow_projections --check"
         )
