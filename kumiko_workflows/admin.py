@@ -216,7 +216,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
 
     def has_rerun_permission(self, request: HttpRequest) -> bool:
         # The permission kept its first codename, so existing grants still apply.
-        return self._has(request, "retry_workflowrun")
+        return self._has(request, "rerun_workflowrun")
 
     # --- the run list -----------------------------------------------------------
 

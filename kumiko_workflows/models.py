@@ -157,7 +157,7 @@ class WorkflowRun(models.Model):
         permissions = [
             ("wake_workflowrun", "Can wake a waiting workflow run now"),
             ("cancel_workflowrun", "Can cancel a workflow run"),
-            ("retry_workflowrun", "Can retry a failed workflow run"),
+            ("rerun_workflowrun", "Can rerun a failed workflow run"),
         ]
 
     def __str__(self) -> str:

@@ -304,13 +304,13 @@ def test_rerun_is_refused_when_the_definition_changed(client, root):
     [
         ("wake_now", "wake_workflowrun"),
         ("cancel_runs", "cancel_workflowrun"),
-        ("rerun_failed", "retry_workflowrun"),
+        ("rerun_failed", "rerun_workflowrun"),
     ],
 )
 def test_staff_without_the_action_permission_cannot_run_it(
     client, django_user_model, future_iso, action, missing
 ):
-    others = {"wake_workflowrun", "cancel_workflowrun", "retry_workflowrun"} - {missing}
+    others = {"wake_workflowrun", "cancel_workflowrun", "rerun_workflowrun"} - {missing}
     user = make_user(django_user_model, "sam", *VIEW_PERMS, *others)
     client.force_login(user)
     run = start("t.fail") if action == "rerun_failed" else start("t.wait", **{"for": future_iso})
@@ -383,7 +383,7 @@ def test_tenant_scoped_staff_act_only_on_their_tenant(
     mine = start("t.wait", tenant="acme", **{"for": future_iso})
     theirs = start("t.wait", tenant="globex", **{"for": future_iso})
     failed = start("t.fail", tenant="globex")
-    perms = ("wake_workflowrun", "cancel_workflowrun", "retry_workflowrun")
+    perms = ("wake_workflowrun", "cancel_workflowrun", "rerun_workflowrun")
     client.force_login(make_user(django_user_model, "alice", *VIEW_PERMS, *perms, tenant="acme"))
 
     post_action(client, "wake_now", mine, theirs)
@@ -521,3 +521,25 @@ def override_cron_tenants(path):
             "CRON_TENANTS": path,
         }
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_old_retry_permission_is_renamed_in_place_and_its_grants_kept():
+    """Migration 0007 renames retry_workflowrun to rerun_workflowrun; a group that held it
+    still does, and migrating back restores the old name."""
+    from django.contrib.auth.models import Group, Permission
+    from django.core.management import call_command
+
+    permission = Permission.objects.get(codename="rerun_workflowrun")
+    group = Group.objects.create(name="support")
+    group.permissions.add(permission)
+    try:
+        call_command("migrate", "kumiko_workflows", "0006", verbosity=0)
+        permission.refresh_from_db()
+        assert permission.codename == "retry_workflowrun"
+        call_command("migrate", "kumiko_workflows", verbosity=0)
+        permission.refresh_from_db()
+        assert permission.codename == "rerun_workflowrun"
+        assert list(group.permissions.values_list("codename", flat=True)) == ["rerun_workflowrun"]
+    finally:
+        call_command("migrate", "kumiko_workflows", verbosity=0)

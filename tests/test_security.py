@@ -31,7 +31,7 @@ MODELS = {"event": Event, "workflowrun": WorkflowRun, "workflowrunpending": Work
 ACTION_PERMS = {
     "wake_now": "wake_workflowrun",
     "cancel_runs": "cancel_workflowrun",
-    "rerun_failed": "retry_workflowrun",
+    "rerun_failed": "rerun_workflowrun",
 }
 VIEW_PERMS = ["view_event", "view_workflowrun", "view_workflowrunpending"]
 ALL_PERMS = [
