@@ -34,7 +34,6 @@ from django.utils import timezone
 
 from kumiko_bench.scratch import ScratchDatabase, use_database
 from kumiko_workflows import event_types as et
-from kumiko_workflows.definition import define_workflow, on_event, run_id_for
 from kumiko_workflows.models import (
     Event,
     RunStatus,
@@ -43,6 +42,7 @@ from kumiko_workflows.models import (
     WorkflowWaitKey,
 )
 from kumiko_workflows.steps import compute, wait, wait_for_event
+from kumiko_workflows.workflow.definition import define_workflow, on_event, run_id_for
 
 logger = logging.getLogger("kumiko_bench")
 
@@ -326,7 +326,7 @@ class Bench:
         rest are copies of its rows written with ``bulk_create``, so they have
         exactly the shape the projections give, at a fraction of the cost.
         """
-        from kumiko_workflows.store import append_event
+        from kumiko_workflows.store.events import append_event
 
         past = (timezone.now() - timedelta(minutes=5)).isoformat()
         template_key = f"t-{uuid.uuid4().hex}"
@@ -460,7 +460,7 @@ class Bench:
     # -- scenarios ------------------------------------------------------------------
 
     def scenario_append(self) -> None:
-        from kumiko_workflows.store import append_event
+        from kumiko_workflows.store.events import append_event
 
         n = self.size("append")
         self.fresh_database()
@@ -503,7 +503,7 @@ class Bench:
         self._ratio_result("append", per_round, engine_times, raw_times, "raw INSERT", higher=True)
 
     def scenario_start(self) -> None:
-        from kumiko_workflows.store import append_event
+        from kumiko_workflows.store.events import append_event
 
         n = self.size("start")
         self.fresh_database()
@@ -593,7 +593,7 @@ class Bench:
         is its ``workflow.step.resumed`` event's ``created_at`` minus the
         moment the workers were released.
         """
-        from kumiko_workflows.store import append_event
+        from kumiko_workflows.store.events import append_event
 
         if self.vendor != "postgresql":
             self.skip("slow_step", "SQLite allows one writer: two workers need PostgreSQL")
@@ -723,7 +723,7 @@ class Bench:
             raise RuntimeError("the due query does not use the kw_pending_due index")
 
     def scenario_wake(self) -> None:
-        from kumiko_workflows.store import append_event
+        from kumiko_workflows.store.events import append_event
 
         if self.vendor != "postgresql":
             self.skip("wake", "needs PostgreSQL (LISTEN/NOTIFY wakes --loop workers)")
@@ -775,7 +775,7 @@ class Bench:
         decision after commit. The scan-path figure adds N waits whose match
         requires no equality (``n > 10**9``) and times the same append.
         """
-        from kumiko_workflows.store import append_event
+        from kumiko_workflows.store.events import append_event
 
         sizes = [size for size in WAKE_SCALE_SIZES if size <= self.size("wake_scale")]
         first_p50 = None
@@ -830,7 +830,7 @@ class Bench:
 
     def _seed_waiting(self, count: int, *, scan: bool) -> None:
         """``count`` waiting runs of the wake workflow, on distinct keys (or scanned)."""
-        from kumiko_workflows.store import append_event
+        from kumiko_workflows.store.events import append_event
 
         key = f"t-{uuid.uuid4().hex}"
         append_event(uuid.uuid4(), SOURCE, WAKE_TRIGGER, {"key": key}, tenant_id=self.tenant)
@@ -1007,7 +1007,7 @@ def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
 
 
 def _drain(tenant: str) -> int:
-    from kumiko_workflows.resume import resume_due_runs
+    from kumiko_workflows.engine.resume import resume_due_runs
 
     processed = 0
     while True:

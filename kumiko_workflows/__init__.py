@@ -17,14 +17,14 @@ except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
     __version__ = "0.0.0"
 
 _EXPORTS = {
-    "define_workflow": "kumiko_workflows.definition",
-    "on_event": "kumiko_workflows.definition",
-    "on_cron": "kumiko_workflows.definition",
-    "run_id_for": "kumiko_workflows.definition",
+    "define_workflow": "kumiko_workflows.workflow.definition",
+    "on_event": "kumiko_workflows.workflow.definition",
+    "on_cron": "kumiko_workflows.workflow.definition",
+    "run_id_for": "kumiko_workflows.workflow.definition",
     "steps": "kumiko_workflows.steps",
     "event_types": "kumiko_workflows.event_types",
-    "append_event": "kumiko_workflows.store",
-    "load_stream": "kumiko_workflows.store",
+    "append_event": "kumiko_workflows.store.events",
+    "load_stream": "kumiko_workflows.store.events",
     "WorkflowError": "kumiko_workflows.exceptions",
     "InvalidEvent": "kumiko_workflows.exceptions",
     "StreamIdentityError": "kumiko_workflows.exceptions",
@@ -38,13 +38,13 @@ _EXPORTS = {
     "RunNotRetryable": "kumiko_workflows.exceptions",
     "ScheduleError": "kumiko_workflows.exceptions",
     "InvalidArgument": "kumiko_workflows.exceptions",
-    "RunContext": "kumiko_workflows.runner",
-    "resume_due_runs": "kumiko_workflows.resume",
-    "cancel_run": "kumiko_workflows.resume",
-    "wake_run": "kumiko_workflows.resume",
-    "rerun_run": "kumiko_workflows.resume",
-    "retry_run": "kumiko_workflows.resume",
-    "fire_due_schedules": "kumiko_workflows.cron",
+    "RunContext": "kumiko_workflows.engine.segment",
+    "resume_due_runs": "kumiko_workflows.engine.resume",
+    "cancel_run": "kumiko_workflows.engine.resume",
+    "wake_run": "kumiko_workflows.engine.resume",
+    "rerun_run": "kumiko_workflows.engine.resume",
+    "retry_run": "kumiko_workflows.engine.resume",
+    "fire_due_schedules": "kumiko_workflows.engine.cron",
 }
 
 __all__ = [
@@ -81,8 +81,15 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from kumiko_workflows import event_types, steps
-    from kumiko_workflows.cron import fire_due_schedules
-    from kumiko_workflows.definition import define_workflow, on_cron, on_event, run_id_for
+    from kumiko_workflows.engine.cron import fire_due_schedules
+    from kumiko_workflows.engine.resume import (
+        cancel_run,
+        rerun_run,
+        resume_due_runs,
+        retry_run,
+        wake_run,
+    )
+    from kumiko_workflows.engine.segment import RunContext
     from kumiko_workflows.exceptions import (
         AppendOnlyError,
         InvalidArgument,
@@ -98,15 +105,8 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowDefinitionError,
         WorkflowError,
     )
-    from kumiko_workflows.resume import (
-        cancel_run,
-        rerun_run,
-        resume_due_runs,
-        retry_run,
-        wake_run,
-    )
-    from kumiko_workflows.runner import RunContext
-    from kumiko_workflows.store import append_event, load_stream
+    from kumiko_workflows.store.events import append_event, load_stream
+    from kumiko_workflows.workflow.definition import define_workflow, on_cron, on_event, run_id_for
 
 
 def __getattr__(name: str) -> Any:

@@ -23,15 +23,9 @@ from django.utils.html import format_html
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import import_callable, workflow_settings
+from kumiko_workflows.engine.cron import schedule_overview
+from kumiko_workflows.engine.resume import cancel_run, rerun_run, wake_run
 from kumiko_workflows.exceptions import RunNotFound, RunNotRerunnable
-from kumiko_workflows.explain import (
-    describe_match,
-    explain,
-    humanize,
-    pretty_json,
-    step_label,
-    timeline,
-)
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
     Event,
@@ -40,7 +34,14 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.resume import cancel_run, rerun_run, wake_run
+from kumiko_workflows.operations.explain import (
+    describe_match,
+    explain,
+    humanize,
+    pretty_json,
+    step_label,
+    timeline,
+)
 
 #: Runs listed by name on the cancel confirmation page; the rest are counted.
 CANCEL_LIST_LIMIT = 100
@@ -223,7 +224,6 @@ class WorkflowRunAdmin(WorkflowAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        from kumiko_workflows.cron import schedule_overview
 
         tenant = admin_tenant(request)
         context = dict(extra_context or {})

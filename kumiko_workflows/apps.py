@@ -12,16 +12,48 @@ class KumikoWorkflowsConfig(AppConfig):
         from django.db.models.signals import post_save
         from django.utils.module_loading import autodiscover_modules
 
-        from kumiko_workflows import (
-            checks,  # noqa: F401 - registers the system checks
-            projections,
-            run_projections,
-        )
+        from kumiko_workflows import checks  # noqa: F401 - registers the system checks
+        from kumiko_workflows.engine import segment, wakeups
         from kumiko_workflows.models import Event
+        from kumiko_workflows.projections import pending, run_status
+        from kumiko_workflows.store import dispatch
+        from kumiko_workflows.workflow.definition import registry as workflows
 
-        if "kumiko_workflows.run_status" not in projections.registry:
-            run_projections.register(projections.registry)
+        projections = dispatch.registry
+        if "kumiko_workflows.run_status" not in projections:
+            # In the order they must run; reactions after the projections.
+            projections.register(
+                "kumiko_workflows.run_status",
+                run_status.HANDLED,
+                run_status.project_run_status,
+                order=10,
+                builtin=True,
+            )
+            projections.register(
+                "kumiko_workflows.pending",
+                run_status.HANDLED,
+                pending.project_pending,
+                order=20,
+                builtin=True,
+            )
+            # The reactions append run events: a replay replays those, not them.
+            projections.register(
+                "kumiko_workflows.wakeup",
+                workflows.is_awaited,
+                wakeups.project_wakeup,
+                order=30,
+                replay=False,
+                builtin=True,
+            )
+            projections.register(
+                "kumiko_workflows.trigger",
+                workflows.is_trigger,
+                segment.trigger_projection,
+                order=40,
+                replay=False,
+                builtin=True,
+            )
         post_save.connect(
-            projections.on_event_saved, sender=Event, dispatch_uid="kumiko_workflows.projections"
+            dispatch.on_event_saved, sender=Event, dispatch_uid="kumiko_workflows.projections"
         )
         autodiscover_modules("workflows")

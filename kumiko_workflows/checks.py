@@ -7,7 +7,9 @@ from typing import Any
 
 from django.core import checks
 
-from kumiko_workflows.conf import DEFAULTS, workflow_settings
+from kumiko_workflows.conf import DEFAULTS, import_callable, workflow_settings
+from kumiko_workflows.store.events import name_problem
+from kumiko_workflows.workflow.definition import registry, validate
 
 
 @checks.register("kumiko_workflows")
@@ -52,7 +54,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="kumiko_workflows.E022",
                 )
             )
-    from kumiko_workflows.store import name_problem
 
     # The event store's own rule for a tenant id, so a default it would refuse
     # is reported here rather than by every append.
@@ -66,7 +67,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     for key in ("CRON_TENANTS", "ADMIN_TENANT"):
-        from kumiko_workflows.conf import import_callable
 
         try:
             import_callable(getattr(workflow_settings, key), key)
@@ -116,7 +116,6 @@ def check_workflows(
     app_configs: Any = None, workflows: Iterable[Any] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """Run definition validation over every registered workflow."""
-    from kumiko_workflows.definition import registry, validate
 
     errors: list[checks.CheckMessage] = []
     for workflow in registry.all() if workflows is None else workflows:

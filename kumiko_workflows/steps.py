@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from kumiko_workflows import durations, matching
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import (
@@ -20,7 +19,8 @@ from kumiko_workflows.exceptions import (
     InvalidMatchExpression,
     WorkflowDefinitionError,
 )
-from kumiko_workflows.jsonvalues import NotJSON, to_json
+from kumiko_workflows.workflow import durations, matching
+from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
 
 BACKOFFS = ("linear", "exponential")
 DURATION_HINT = (

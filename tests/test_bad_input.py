@@ -537,7 +537,7 @@ def test_a_bad_append_from_a_step_fails_the_run_not_the_trigger_write(bad, detai
 def test_a_step_of_a_workflow_with_a_200_character_name_can_append():
     """ctx.append_event's default created_by ('workflow:<name>') fits its column."""
     from kumiko_workflows import define_workflow, on_event, steps
-    from kumiko_workflows.definition import registry
+    from kumiko_workflows.workflow.definition import registry
     from tests.testapp.workflows import append_as_told, run_key
 
     name = "w" * 200

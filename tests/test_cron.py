@@ -23,10 +23,10 @@ from kumiko_workflows import (
 )
 from kumiko_workflows import event_types as et
 from kumiko_workflows.checks import check_workflows
-from kumiko_workflows.cron import schedule_id, schedule_overview
-from kumiko_workflows.definition import CronTrigger, Workflow, registry
+from kumiko_workflows.engine.cron import schedule_id, schedule_overview
 from kumiko_workflows.exceptions import ScheduleError, WorkflowDefinitionError
 from kumiko_workflows.models import Event, WorkflowRun
+from kumiko_workflows.workflow.definition import CronTrigger, Workflow, registry
 from tests.conftest import REPO, run_events, subprocess_env, types_of
 from tests.testapp import cron_workflows as cw
 

@@ -18,8 +18,6 @@ from hypothesis import strategies as st
 
 from kumiko_workflows import define_workflow, on_cron, on_event, run_id_for, steps
 from kumiko_workflows.checks import check_settings, check_workflows
-from kumiko_workflows.definition import CronTrigger, Workflow, WorkflowRegistry, registry
-from kumiko_workflows.durations import as_delay, parse_duration, parse_instant, wake_time
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     InvalidDuration,
@@ -27,7 +25,9 @@ from kumiko_workflows.exceptions import (
     RegistryNotReady,
     WorkflowDefinitionError,
 )
-from kumiko_workflows.matching import matches, validate
+from kumiko_workflows.workflow.definition import CronTrigger, Workflow, WorkflowRegistry, registry
+from kumiko_workflows.workflow.durations import as_delay, parse_duration, parse_instant, wake_time
+from kumiko_workflows.workflow.matching import matches, validate
 from tests.conftest import REPO, run_manage, subprocess_env
 
 
@@ -645,7 +645,7 @@ FINGERPRINT_CHILD = textwrap.dedent(
     import json
     import django
     django.setup()
-    from kumiko_workflows.definition import registry
+    from kumiko_workflows.workflow.definition import registry
     print(json.dumps({w.name: [w.fingerprint, w.step_fingerprints] for w in registry.all()}))
     """
 )

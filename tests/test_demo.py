@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import SETTLED_STATUSES, Event, WorkflowRun, WorkflowRunPending
-from kumiko_workflows.rebuild import check
+from kumiko_workflows.operations.rebuild import check
 from tests.conftest import run_manage
 
 
@@ -92,7 +92,7 @@ def test_the_demo_runs_as_a_real_process():
 
 @pytest.mark.django_db
 def test_the_demo_fails_loudly_when_runs_do_not_finish():
-    from kumiko_workflows.definition import registry
+    from kumiko_workflows.workflow.definition import registry
 
     with registry.without("order-fulfilment"), pytest.raises(CommandError) as error:
         demo("--orders", "3")

@@ -22,11 +22,12 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from kumiko_workflows import append_event, durations, load_stream, run_id_for
+from kumiko_workflows import append_event, load_stream, run_id_for
 from kumiko_workflows import event_types as et
-from kumiko_workflows.definition import registry
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
-from kumiko_workflows.projections import registry as projections
+from kumiko_workflows.store.dispatch import registry as projections
+from kumiko_workflows.workflow import durations
+from kumiko_workflows.workflow.definition import registry
 from tests.faults_support import Worker, wait_for
 
 pytestmark = pytest.mark.postgres

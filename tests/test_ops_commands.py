@@ -14,8 +14,8 @@ from kumiko_workflows import append_event, cancel_run, rerun_run, resume_due_run
 from kumiko_workflows import event_types as et
 from kumiko_workflows.management.commands.workflow_status import status_report
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
-from kumiko_workflows.progress import Progress
-from kumiko_workflows.rebuild import check, rebuild
+from kumiko_workflows.operations.progress import Progress
+from kumiko_workflows.operations.rebuild import check, rebuild
 from tests.conftest import run_manage, trigger
 
 pytestmark = pytest.mark.django_db

@@ -75,7 +75,7 @@ def test_changed_definition_fails_loudly_before_any_claim(past):
 
 def test_changed_definition_names_the_changed_step(past):
     from kumiko_workflows import define_workflow, on_event, steps
-    from kumiko_workflows.definition import registry
+    from kumiko_workflows.workflow.definition import registry
     from tests.testapp import workflows as w
 
     event = trigger("t.wait", **{"for": past})
@@ -101,7 +101,7 @@ def test_changed_definition_names_the_changed_step(past):
 
 
 def test_unregistered_workflow_fails_the_same_way(past):
-    from kumiko_workflows.definition import registry
+    from kumiko_workflows.workflow.definition import registry
 
     event = trigger("t.wait", **{"for": past})
     run_id = run_id_for("t-wait", event.payload["run_key"])
@@ -341,7 +341,7 @@ def test_rerun_run_reruns_a_failed_run_from_where_its_attempt_began(now):
     with pytest.raises(RunNotRerunnable, match="changed"):
         # The run's own fingerprint is fine: only the pending row was tampered.
         # So make the registry differ to see the refusal first.
-        from kumiko_workflows.definition import registry
+        from kumiko_workflows.workflow.definition import registry
 
         with registry.without("t-retry"):
             rerun_run(run_id)
@@ -415,8 +415,8 @@ def _ping(**payload):
 
 
 def test_a_second_wait_for_the_same_type_needs_a_new_event():
-    from kumiko_workflows.definition import registry
     from kumiko_workflows.models import Event
+    from kumiko_workflows.workflow.definition import registry
 
     workflow = _ping_twice()
     with registry.override(workflow):
@@ -486,8 +486,8 @@ def test_a_resume_never_loads_another_tenants_event():
 
 def test_the_tables_rebuild_from_the_run_streams_alone_whatever_is_registered():
     """Invariant 1 does not depend on today's definitions: a removed workflow rebuilds too."""
-    from kumiko_workflows.definition import registry
-    from kumiko_workflows.rebuild import check
+    from kumiko_workflows.operations.rebuild import check
+    from kumiko_workflows.workflow.definition import registry
 
     _verification("u1")
     woken = _verification("u2")
@@ -504,8 +504,8 @@ def test_the_tables_rebuild_from_the_run_streams_alone_whatever_is_registered():
 def test_a_failing_run_in_a_batch_leaves_the_others_resumed_exactly_once(past):
     """Each run has its own savepoint: the failure is recorded alone, the others commit."""
     from kumiko_workflows import define_workflow, on_event, steps
-    from kumiko_workflows.definition import registry
     from kumiko_workflows.models import Event
+    from kumiko_workflows.workflow.definition import registry
     from tests.testapp import workflows as w
 
     fails_after_wait = define_workflow(
@@ -540,9 +540,9 @@ class LedgerLocked(Exception):
 def test_a_run_whose_resume_keeps_raising_is_failed_after_max_resume_errors(settings, now):
     """Nothing is retried for ever: the third pass in a row that trips over it fails it."""
     from kumiko_workflows import rerun_run
-    from kumiko_workflows.explain import explain
-    from kumiko_workflows.projections import registry as projections
-    from kumiko_workflows.rebuild import check
+    from kumiko_workflows.operations.explain import explain
+    from kumiko_workflows.operations.rebuild import check
+    from kumiko_workflows.store.dispatch import registry as projections
 
     settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "MAX_RESUME_ERRORS": 3}
     stuck = run_id_for("t-wait", trigger("t.wait", **{"for": "PT0S"}).payload["run_key"])

@@ -8,11 +8,11 @@ import pytest
 
 from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
 from kumiko_workflows import event_types as et
-from kumiko_workflows.definition import registry
 from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.models import WorkflowRun, WorkflowRunPending
 from kumiko_workflows.steps import Step
-from kumiko_workflows.suspensions import RECORDS
+from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.suspensions import RECORDS
 from tests.conftest import trigger, types_of
 from tests.step_kinds import nap_until
 from tests.testapp import workflows as w

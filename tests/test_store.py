@@ -18,10 +18,11 @@ from django.core.exceptions import SynchronousOnlyOperation
 from django.db import IntegrityError, connection, transaction
 from django.db.models.signals import post_save, pre_save
 
-from kumiko_workflows import VersionConflict, append_event, load_stream, store
+from kumiko_workflows import VersionConflict, append_event, load_stream
 from kumiko_workflows.exceptions import AppendOnlyError, InvalidEvent
 from kumiko_workflows.models import Event
-from kumiko_workflows.projections import registry as projections
+from kumiko_workflows.store import events as store
+from kumiko_workflows.store.dispatch import registry as projections
 from tests.conftest import REPO, subprocess_env
 
 pytestmark = pytest.mark.django_db

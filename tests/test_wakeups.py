@@ -17,10 +17,15 @@ from django.utils import timezone
 
 from kumiko_workflows import append_event, resume_due_runs, run_id_for
 from kumiko_workflows import event_types as et
-from kumiko_workflows.matching import canonical_value, offered_keys, required_keys, validate
+from kumiko_workflows.engine.wakeups import wake_for_event
 from kumiko_workflows.models import Event, WorkflowRunPending, WorkflowWaitKey
-from kumiko_workflows.rebuild import check
-from kumiko_workflows.wakeups import wake_for_event
+from kumiko_workflows.operations.rebuild import check
+from kumiko_workflows.workflow.matching import (
+    canonical_value,
+    offered_keys,
+    required_keys,
+    validate,
+)
 from tests.conftest import trigger, types_of
 
 
@@ -119,7 +124,7 @@ def test_a_waiting_run_is_stored_under_its_key_and_the_keys_go_when_it_resumes()
 
 
 def _candidates_and_queries(event) -> tuple[int, int]:
-    from kumiko_workflows.wakeups import _candidates
+    from kumiko_workflows.engine.wakeups import _candidates
 
     with CaptureQueriesContext(connection) as queries:
         rows = [row for candidates in _candidates(event) for row in candidates]
@@ -150,7 +155,7 @@ def test_an_event_wakes_only_its_own_run_among_many():
 
 @pytest.mark.django_db
 def test_a_scanned_wait_is_still_woken():
-    from kumiko_workflows.definition import registry
+    from kumiko_workflows.workflow.definition import registry
 
     # t-event's match is keyed; give one run a match with no equality by
     # resuming a pending row whose stored match requires none.
@@ -249,7 +254,7 @@ def _second_approval(ctx):
 @pytest.mark.django_db
 def test_a_second_wait_takes_an_earlier_event_the_first_wait_did_not_take():
     from kumiko_workflows import define_workflow, on_event, steps
-    from kumiko_workflows.definition import registry
+    from kumiko_workflows.workflow.definition import registry
     from tests.testapp import workflows as w
 
     two_approvals = define_workflow(

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 def store_wait_keys(apps, schema_editor):
     """Waits suspended before keys existed: store their keys, or put them on the scan path."""
-    from kumiko_workflows import matching
+    from kumiko_workflows.workflow import matching
     from kumiko_workflows.exceptions import InvalidMatchExpression
 
     Pending = apps.get_model("kumiko_workflows", "WorkflowRunPending")

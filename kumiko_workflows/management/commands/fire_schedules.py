@@ -9,6 +9,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from kumiko_workflows.engine.cron import fire_due_schedules
+
 
 def aware_instant(text: str) -> datetime:
     try:
@@ -35,7 +37,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, now: datetime | None = None, **options: Any) -> None:
-        from kumiko_workflows.cron import fire_due_schedules
 
         try:
             started = fire_due_schedules(now=now)

@@ -11,8 +11,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from kumiko_workflows.progress import Progress
-from kumiko_workflows.rebuild import RebuildResult, rebuild
+from kumiko_workflows.operations.progress import Progress
+from kumiko_workflows.operations.rebuild import RebuildResult, rebuild
 
 
 class Command(BaseCommand):

@@ -9,8 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError
 
+from kumiko_workflows.engine.worker import PassResult, Worker
 from kumiko_workflows.management.arguments import positive_float, positive_int
-from kumiko_workflows.worker import PassResult, Worker
 
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 

@@ -15,9 +15,10 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count
 from django.utils import timezone
 
-from kumiko_workflows.explain import humanize, step_label
+from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.management.arguments import positive_int
 from kumiko_workflows.models import RunStatus, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.operations.explain import humanize, step_label
 
 
 def status_report(
@@ -80,7 +81,6 @@ def status_report(
 
 def cron_schedules(tenant: str | None, now: datetime) -> list[dict[str, Any]]:
     """Each cron workflow's last fired and next slot, per cron tenant."""
-    from kumiko_workflows.cron import schedule_overview
 
     rows = []
     for row in schedule_overview(now=now):

@@ -27,10 +27,10 @@ from django.utils import timezone
 from kumiko_workflows import append_event, cancel_run, resume_due_runs, run_id_for
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.explain import timeline
 from kumiko_workflows.management.arguments import positive_int
 from kumiko_workflows.models import SETTLED_STATUSES, Event, RunStatus, WorkflowRun
-from kumiko_workflows.progress import Progress
+from kumiko_workflows.operations.explain import timeline
+from kumiko_workflows.operations.progress import Progress
 
 WORKFLOW = "order-fulfilment"
 #: Seconds between worker passes (real ones, or simulated with --fast).

@@ -28,18 +28,20 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.utils import timezone
 
-from kumiko_workflows import db
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import import_callable, workflow_settings
-from kumiko_workflows.definition import (
+from kumiko_workflows.engine.segment import start_run
+from kumiko_workflows.exceptions import ScheduleError, VersionConflict
+from kumiko_workflows.models import Event
+from kumiko_workflows.store import db
+from kumiko_workflows.store.events import append_event, engine_stream, name_problem
+from kumiko_workflows.workflow.definition import (
     CronTrigger,
     Workflow,
     cron_problem,
     registry,
     run_id_for,
 )
-from kumiko_workflows.exceptions import ScheduleError, VersionConflict
-from kumiko_workflows.models import Event
 
 logger = logging.getLogger("kumiko_workflows.cron")
 
@@ -154,7 +156,6 @@ def cron_tenants() -> list[str]:
         raise ImproperlyConfigured(
             f"KUMIKO_WORKFLOWS['CRON_TENANTS'] must return a list of tenant ids, got {tenants!r}"
         )
-    from kumiko_workflows.store import name_problem
 
     result: list[str] = []
     for tenant in tenants:
@@ -229,7 +230,6 @@ class Schedule:
 
 
 def _append(schedule: Schedule, type: str, payload: dict[str, Any]) -> Event:
-    from kumiko_workflows.store import append_event, engine_stream
 
     trigger = schedule.trigger
     with engine_stream():
@@ -298,7 +298,6 @@ def due_slots(schedule: Schedule, now: datetime) -> list[datetime]:
 
 def fire_schedule(schedule: Schedule, now: datetime) -> int:
     """Start or fire one schedule; return how many runs it started."""
-    from kumiko_workflows.runner import start_run
 
     if schedule.baseline is None:
         try:

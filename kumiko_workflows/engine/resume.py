@@ -23,17 +23,16 @@ from typing import Any
 from django.db.models import F
 from django.utils import timezone
 
-from kumiko_workflows import db, suspensions
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.definition import Workflow, parse_path, registry
+from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
+from kumiko_workflows.engine.wakeups import decide_waiting_checks, event_ending
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     RunNotFound,
     RunNotRerunnable,
     VersionConflict,
 )
-from kumiko_workflows.jsonvalues import text_problem
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
     Event,
@@ -42,11 +41,11 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.projections import others_listen_to_post_save
-from kumiko_workflows.projections import registry as projections
-from kumiko_workflows.runner import Cursor, RunContext, fail_opened, run_segment
-from kumiko_workflows.store import name_problem
-from kumiko_workflows.streams import (
+from kumiko_workflows.store import db
+from kumiko_workflows.store.dispatch import others_listen_to_post_save
+from kumiko_workflows.store.dispatch import registry as projections
+from kumiko_workflows.store.events import name_problem
+from kumiko_workflows.store.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
     INVALID_PENDING_ROW,
@@ -57,7 +56,9 @@ from kumiko_workflows.streams import (
     fail_run,
     raised,
 )
-from kumiko_workflows.wakeups import decide_waiting_checks, event_ending
+from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow.definition import Workflow, parse_path, registry
+from kumiko_workflows.workflow.jsonvalues import text_problem
 
 logger = logging.getLogger("kumiko_workflows.resume")
 

@@ -20,24 +20,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows import db, event_types, wakeups
-from kumiko_workflows.definition import (
-    CronTrigger,
-    EventTrigger,
-    Workflow,
-    registry,
-    run_id_for,
-)
+from kumiko_workflows import event_types
+from kumiko_workflows.engine import wakeups
 from kumiko_workflows.exceptions import (
     InvalidEvent,
     StreamMoved,
     VersionConflict,
 )
-from kumiko_workflows.jsonvalues import NotJSON, to_json
 from kumiko_workflows.models import Event
 from kumiko_workflows.steps import Step, Suspend, path_text
-from kumiko_workflows.store import append_event
-from kumiko_workflows.streams import (
+from kumiko_workflows.store import db
+from kumiko_workflows.store.events import append_event
+from kumiko_workflows.store.streams import (
     FILTER_FAILED,
     IDEMPOTENCY_KEY_FAILED,
     INTERNAL_ERROR,
@@ -50,6 +44,14 @@ from kumiko_workflows.streams import (
     raised,
     set_last_error,
 )
+from kumiko_workflows.workflow.definition import (
+    CronTrigger,
+    EventTrigger,
+    Workflow,
+    registry,
+    run_id_for,
+)
+from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
 
 logger = logging.getLogger("kumiko_workflows.runner")
 

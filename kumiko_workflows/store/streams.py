@@ -18,7 +18,7 @@ from typing import Any
 from kumiko_workflows import event_types
 from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.store import append_engine_pair, append_event, engine_stream
+from kumiko_workflows.store.events import append_engine_pair, append_event, engine_stream
 
 logger = logging.getLogger("kumiko_workflows.runner")
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kumiko_workflows import event_types as et
+from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     RegistryNotReady,
@@ -544,7 +545,6 @@ def define_workflow(
 
 def run_id_for(workflow_name: str, idempotency_key: Any, tenant_id: str | None = None) -> uuid.UUID:
     """The run id for a workflow, idempotency key and tenant (uuid5; stable forever)."""
-    from kumiko_workflows.conf import workflow_settings
 
     if tenant_id is None:
         tenant_id = workflow_settings.DEFAULT_TENANT

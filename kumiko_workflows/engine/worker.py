@@ -25,10 +25,11 @@ from django.db import DatabaseError, InterfaceError, close_old_connections
 from django.db.models import Min
 from django.utils import timezone
 
-from kumiko_workflows import db
 from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.engine.cron import fire_due_schedules
+from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
 from kumiko_workflows.models import WorkflowRunPending
-from kumiko_workflows.resume import ResumeReport, resume_due_runs
+from kumiko_workflows.store import db
 
 logger = logging.getLogger("kumiko_workflows.worker")
 
@@ -131,7 +132,6 @@ class Worker:
     def run_once(self, now: datetime | None = None) -> PassResult:
         fired = cron_errors = 0
         if self.cron:
-            from kumiko_workflows.cron import fire_due_schedules
 
             try:
                 fired = fire_due_schedules(now=now)

@@ -30,11 +30,12 @@ from typing import Any
 
 from django.db.models import Q
 
-from kumiko_workflows import db, matching
 from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import InvalidEvent, VersionConflict
 from kumiko_workflows.models import Event, SuspensionType, WakeCheck, WorkflowRunPending
-from kumiko_workflows.streams import INVALID_MATCH, Failure, RunStream, fail_run
+from kumiko_workflows.store import db
+from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
+from kumiko_workflows.workflow import matching
 
 logger = logging.getLogger("kumiko_workflows.wakeups")
 

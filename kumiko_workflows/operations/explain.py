@@ -12,15 +12,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kumiko_workflows import event_types as et
-from kumiko_workflows import matching, suspensions
-from kumiko_workflows.definition import registry
+from kumiko_workflows.engine.resume import max_resume_errors
 from kumiko_workflows.models import (
     Event,
     RunStatus,
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.resume import max_resume_errors
+from kumiko_workflows.workflow import matching, suspensions
+from kumiko_workflows.workflow.definition import registry
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
 _TIMELINE_HIDDEN = frozenset(

@@ -29,14 +29,20 @@ from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Max, Subquery
 from django.db.models.signals import post_save, pre_save
 
-from kumiko_workflows import db as db_statements
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.db import EVENT_COLUMNS, chains_writes
 from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
-from kumiko_workflows.jsonvalues import NotJSON, compact_json, text_problem, text_size, to_json
 from kumiko_workflows.models import Event
-from kumiko_workflows.projections import others_listen_to_post_save, registry
+from kumiko_workflows.store import db as db_statements
+from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
+from kumiko_workflows.store.dispatch import others_listen_to_post_save, registry
+from kumiko_workflows.workflow.jsonvalues import (
+    NotJSON,
+    compact_json,
+    text_problem,
+    text_size,
+    to_json,
+)
 
 _NEXT_VERSION_ATTEMPTS = 3
 

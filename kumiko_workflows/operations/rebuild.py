@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kumiko_workflows import db
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
-from kumiko_workflows.projections import registry as projection_registry
+from kumiko_workflows.store import db
+from kumiko_workflows.store.dispatch import registry as projection_registry
 
 #: Events replayed per query; each batch is read in full before it is replayed.
 BATCH = 1000

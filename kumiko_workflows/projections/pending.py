@@ -1,0 +1,149 @@
+"""The pending projection: ``WorkflowRunPending``, one row per suspended step, and its wait keys.
+
+A pure function of the run's events, like the run status (a replay gives
+the same rows); the equalities a ``wait_for_event`` match requires are
+stored beside its row as ``WorkflowWaitKey`` rows. On PostgreSQL a row
+becoming due now also NOTIFYs the workers, delivered at commit. Waking runs
+on awaited events is a reaction, not a projection: see
+:mod:`kumiko_workflows.engine.wakeups`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.exceptions import InvalidMatchExpression
+from kumiko_workflows.models import (
+    Event,
+    SuspensionType,
+    WorkflowRunPending,
+    WorkflowWaitKey,
+)
+from kumiko_workflows.projections.run_status import is_run_event
+from kumiko_workflows.store import db
+from kumiko_workflows.store.streams import is_cleared
+from kumiko_workflows.workflow import matching, suspensions
+
+_PENDING_UPDATE_FIELDS = [
+    "workflow_name",
+    "suspension_type",
+    "wake_at",
+    "timeout_at",
+    "retry_attempt",
+    "definition_fingerprint",
+    "wait_event_type",
+    "awaits_key",
+    "match_expr",
+    "awaited_event_id",
+    "match_scan",
+    "trigger_event_id",
+    "run_version",
+    "state",
+    "suspended_at",
+    "due_since",
+]
+
+
+def notify_due(tenant_id: str) -> None:
+    """Wake ``--loop`` workers (PostgreSQL; delivered at commit)."""
+    db.notify(workflow_settings.NOTIFY_CHANNEL, tenant_id)
+
+
+def _pending_row(event: Event) -> WorkflowRunPending:
+    payload = event.payload
+    kind = event.type
+    row = WorkflowRunPending(
+        tenant_id=event.tenant_id,
+        run_id=event.aggregate_id,
+        step=payload["step"],
+        workflow_name=payload["workflow_name"],
+        definition_fingerprint=payload["definition_fingerprint"],
+        trigger_event_id=payload.get("trigger_event_id"),
+        run_version=event.version,
+        state=payload.get("state") or {},
+        suspended_at=event.created_at,
+        retry_attempt=0,
+    )
+    record = suspensions.for_event(kind)
+    assert record is not None, f"{kind} is not a suspension"
+    for column, value in record.pending_columns(payload, event.created_at).items():
+        setattr(row, column, value)
+    return row
+
+
+def _wait_keys(match: Any) -> frozenset[matching.Key] | None:
+    """The keys a wait is stored under; None puts it on the scan path.
+
+    A stored match that does not validate is scanned: evaluating it then
+    fails the run with ``invalid_match``, as it should.
+    """
+    if match is None:
+        return None
+    try:
+        return matching.required_keys(matching.validate(match))
+    except InvalidMatchExpression:
+        return None
+
+
+def _store_keys(
+    event: Event, row: WorkflowRunPending, keys: frozenset[matching.Key], cleared: bool
+) -> None:
+    """Store the wait under ``keys``, replacing the run's old ones."""
+    where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}
+    if not cleared:
+        db.write_rows(WorkflowWaitKey, "DELETE", {}, where)
+    WorkflowWaitKey.objects.bulk_create(
+        WorkflowWaitKey(**where, event_type=row.wait_event_type, path=path, value=value)
+        for path, value in sorted(keys)
+    )
+
+
+def project_pending(event: Event, replaying: bool) -> None:
+    if not is_run_event(event):
+        return
+    kind = event.type
+    # Keys exist only while the run's pending row waits for an event: they
+    # go when that wait resumes and when the run ends.
+    cleared = is_cleared(event.aggregate_id, event.version)
+    if kind in et.SUSPENSIONS:
+        row = _pending_row(event)
+        keys = _wait_keys(row.match_expr) if kind == et.WAITING_FOR_EVENT else None
+        row.match_scan = kind == et.WAITING_FOR_EVENT and keys is None
+        # Upsert: a suspension projected twice (at-least-once) leaves one row.
+        WorkflowRunPending.objects.bulk_create(
+            [row],
+            update_conflicts=True,
+            unique_fields=["tenant_id", "run_id", "step"],
+            update_fields=_PENDING_UPDATE_FIELDS,
+        )
+        if kind == et.WAITING_FOR_EVENT:
+            _store_keys(event, row, keys or frozenset(), cleared)
+        if not replaying and row.wake_at is not None and row.wake_at <= event.created_at:
+            notify_due(event.tenant_id)
+    elif kind == et.WAKE_REQUESTED:
+        changes: dict[str, Any] = {
+            "wake_at": event.created_at,
+            "due_since": event.created_at,
+            "run_version": event.version,
+        }
+        awaited = event.payload.get("awaited_event_id")
+        if awaited is not None:
+            # An awaited event woke the run: record which one (the first wins).
+            changes["awaited_event_id"] = Coalesce(F("awaited_event_id"), Value(awaited))
+        WorkflowRunPending.objects.filter(
+            tenant_id=event.tenant_id, run_id=event.aggregate_id
+        ).update(**changes)
+        if not replaying:
+            notify_due(event.tenant_id)
+    elif kind == et.RESUMED or kind in et.TERMINAL:
+        if cleared:
+            return  # the stream's previous event, in this transaction, deleted them
+        where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}
+        db.write_rows(WorkflowRunPending, "DELETE", {}, where)
+        if kind in et.TERMINAL or event.payload.get("suspension_type") == SuspensionType.EVENT:
+            db.write_rows(WorkflowWaitKey, "DELETE", {}, where)

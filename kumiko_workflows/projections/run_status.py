@@ -1,0 +1,92 @@
+"""The run-status projection: ``WorkflowRun``, one row per run.
+
+A pure function of the run's events: each column comes from an event's
+payload, version or ``created_at`` (never the clock), so a replay gives the
+same rows. A suspension's columns come from its record
+(:mod:`kumiko_workflows.workflow.suspensions`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows.models import Event, RunStatus, WorkflowRun
+from kumiko_workflows.store import db
+from kumiko_workflows.workflow import suspensions
+
+#: The run events both projections handle.
+HANDLED = frozenset(et.RUN_EVENTS)
+
+
+def is_run_event(event: Event) -> bool:
+    return event.aggregate_type == et.RUN_AGGREGATE_TYPE
+
+
+def _status_fields(event: Event) -> dict[str, Any] | None:
+    payload = event.payload
+    kind = event.type
+    record = suspensions.for_event(kind)
+    if record is not None:
+        return record.status_columns(payload, event.created_at)
+    if kind == et.WAKE_REQUESTED:
+        return {"wake_at": event.created_at}
+    if kind == et.RESUMED:
+        # The engine appends the next event (suspension, completion or
+        # failure) in the same transaction, and each of those sets every
+        # column this one would: the row never shows "running" outside it.
+        # Skipping the UPDATE saves a statement per resume.
+        return None
+    if kind == et.RUN_COMPLETED:
+        return _settled(RunStatus.COMPLETED, event)
+    if kind == et.RUN_FAILED:
+        return _settled(
+            RunStatus.FAILED,
+            event,
+            step=payload.get("step") or "",
+            failure_reason=payload.get("reason", ""),
+            error_class=payload.get("error_class", ""),
+        )
+    if kind == et.RUN_CANCELLED:
+        return _settled(RunStatus.CANCELLED, event)
+    return None
+
+
+def _settled(status: str, event: Event, **fields: Any) -> dict[str, Any]:
+    """The columns of a run that has finished, one way or another."""
+    return {
+        "status": status,
+        "wake_at": None,
+        "suspension_type": "",
+        "awaited_event_type": "",
+        "finished_at": event.created_at,
+        **fields,
+    }
+
+
+def project_run_status(event: Event, replaying: bool) -> None:
+    if not is_run_event(event):
+        return
+    if event.type == et.RUN_STARTED:
+        payload = event.payload
+        WorkflowRun.objects.create(
+            run_id=event.aggregate_id,
+            tenant_id=event.tenant_id,
+            workflow_name=payload["workflow_name"],
+            idempotency_key=str(payload.get("idempotency_key") or "")[:500],
+            status=RunStatus.RUNNING,
+            definition_fingerprint=payload["definition_fingerprint"],
+            trigger_event_id=payload.get("trigger_event_id"),
+            version=event.version,
+            started_at=event.created_at,
+            updated_at=event.created_at,
+        )
+        return
+    fields = _status_fields(event)
+    if fields is not None:
+        db.write_rows(
+            WorkflowRun,
+            "UPDATE",
+            {**fields, "version": event.version, "updated_at": event.created_at},
+            {"tenant_id": event.tenant_id, "run_id": event.aggregate_id},
+        )
