@@ -45,6 +45,7 @@ _EXPORTS = {
     "rerun_run": "kumiko_workflows.engine.resume",
     "retry_run": "kumiko_workflows.engine.resume",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
+    "start_in_worker": "kumiko_workflows.engine.segment",
 }
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "resume_due_runs",
     "retry_run",
     "run_id_for",
+    "start_in_worker",
     "steps",
     "wake_run",
 ]
@@ -89,7 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover
         retry_run,
         wake_run,
     )
-    from kumiko_workflows.engine.segment import RunContext
+    from kumiko_workflows.engine.segment import RunContext, start_in_worker
     from kumiko_workflows.exceptions import (
         AppendOnlyError,
         InvalidArgument,

@@ -20,13 +20,15 @@ RUN_CANCELLED = "workflow.run-cancelled"
 WAKE_REQUESTED = "workflow.wake-requested"
 #: Someone asked a failed run to run again from where its failed attempt began.
 RERUN_REQUESTED = "workflow.rerun-requested"
+#: A run of a workflow defined with ``start="worker"`` waits for a worker to run its steps.
+RUN_QUEUED = "workflow.run-queued"
 #: A cron schedule was first seen by a scheduler pass; slots before it never fire.
 SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
 SCHEDULE_SLOT_FIRED = "workflow.schedule.slot-fired"
 
 SCHEDULE_EVENTS = (SCHEDULE_STARTED, SCHEDULE_SLOT_FIRED)
-SUSPENSIONS = (WAITING, WAITING_FOR_EVENT, RETRY_SCHEDULED, RERUN_REQUESTED)
+SUSPENSIONS = (WAITING, WAITING_FOR_EVENT, RETRY_SCHEDULED, RERUN_REQUESTED, RUN_QUEUED)
 TERMINAL = (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
 RUN_EVENTS = (
     RUN_STARTED,
@@ -39,4 +41,5 @@ RUN_EVENTS = (
     RUN_CANCELLED,
     WAKE_REQUESTED,
     RERUN_REQUESTED,
+    RUN_QUEUED,
 )

@@ -107,6 +107,7 @@ class SuspensionType(models.TextChoices):
     EVENT = "event", "wait for event"
     RETRY = "retry", "retry backoff"
     RERUN = "rerun", "rerun after failure"
+    QUEUED = "queued", "queued to start"
 
 
 class WorkflowRunQuerySet(models.QuerySet):

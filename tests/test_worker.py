@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -141,6 +142,30 @@ def test_notify_wakes_the_worker_before_its_interval():
             "the woken run to complete",
         )
         assert time.monotonic() - appended < 30, "woken by the interval, not by NOTIFY"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code, _, err = stop(worker)
+    assert code == 0, err
+
+
+@pytest.mark.postgres
+def test_a_run_queued_by_a_request_starts_in_a_listening_worker_at_once():
+    """start="worker": the trigger's commit NOTIFYs, and a worker runs the steps."""
+    from kumiko_workflows.models import Event
+
+    worker = start_worker("--interval", "300")
+    try:
+        wait_for_line(worker, "resume_due_runs: resumed=0")  # idle, listening
+        appended = time.monotonic()
+        event = trigger("t.start-in-worker")
+        run_id = run_id_for("t-start-in-worker", event.payload["run_key"])
+        wait_for(
+            lambda: WorkflowRun.objects.get(run_id=run_id).status == "completed",
+            "the queued run to complete",
+        )
+        assert time.monotonic() - appended < 30, "started by the interval, not by NOTIFY"
+        ran_in = Event.objects.get(type="t.ran-in", aggregate_id=event.aggregate_id)
+        assert ran_in.payload["pid"] not in (os.getpid(), None)
     finally:
         worker.send_signal(signal.SIGTERM)
         code, _, err = stop(worker)

@@ -79,6 +79,9 @@ order_fulfilment = define_workflow(
     trigger=on_event("order.placed"),
     idempotency_key=order_key,
     awaits={"paid": "order.paid"},
+    # Orders are placed by web requests: queue the run and return at once;
+    # a worker reserves the stock right after the request commits.
+    start="worker",
     steps=[
         steps.compute("reserve", reserve_stock),
         steps.wait_for_event("paid", match=match_this_order, timeout=payment_window),

@@ -161,9 +161,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         path = parse_path(row.step)
         valid = record is not None and (
             (step is not None and row.suspension_type in step.resumes_from)
-            # A rerun starts again at any step, or completes a run that
-            # failed after its last one.
-            or (record is suspensions.RERUN and (step is not None or not path))
+            # A rerun or a queued start runs from any step, or (at no step)
+            # completes a run that failed after its last one.
+            or (not record.by_step and (step is not None or not path))
         )
     except ValueError:
         valid = False

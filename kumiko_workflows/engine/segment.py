@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -430,8 +431,30 @@ def _idempotency_key(workflow: Workflow, event: Event) -> str:
     return str(key)
 
 
+_in_worker: ContextVar[bool] = ContextVar("kumiko_start_in_worker", default=False)
+
+
+@contextmanager
+def start_in_worker() -> Iterator[None]:
+    """Queue the runs that appends inside the block start, as ``start="worker"`` does.
+
+    For one call where the workflow's default is to start inline: a web
+    request appends its trigger and returns without running any step; a
+    worker (woken by NOTIFY on PostgreSQL) runs them right after the commit.
+    """
+    token = _in_worker.set(True)
+    try:
+        yield
+    finally:
+        _in_worker.reset(token)
+
+
 def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) -> uuid.UUID | None:
-    """Start (and run inline until it suspends) one run of ``workflow`` for ``event``.
+    """Start one run of ``workflow`` for ``event``: run it inline until it suspends, or queue it.
+
+    A workflow defined with ``start="worker"`` (or a trigger appended inside
+    :func:`start_in_worker`) is queued: ``workflow.run-queued`` makes it due
+    at its first step at once, for a worker.
 
     Returns the run id, or None when the filter declined or the run already
     existed. Never raises for a failing workflow: invariant 3.
@@ -471,6 +494,18 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         with db.atomic():
             if filter_error is not None:
                 fail_opened(stream, opening, filter_error, state=None, retry_from=None)
+            elif workflow.start == "worker" or _in_worker.get():
+                stream.append(*opening)
+                stream.append(
+                    event_types.RUN_QUEUED,
+                    {
+                        "step": "0",
+                        "workflow_name": workflow.name,
+                        "definition_fingerprint": workflow.fingerprint,
+                        "trigger_event_id": event.id,
+                        "state": {"results": {}, "awaited": {}},
+                    },
+                )
             else:
                 ctx = RunContext(
                     run_id=run_id,

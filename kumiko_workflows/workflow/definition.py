@@ -286,6 +286,9 @@ ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS})
 #: How a worker commits the resumes of a workflow's runs: with others in a
 #: batch (fast), or each on its own (a killed worker repeats no other run).
 COMMIT_MODES = ("batch", "per_run")
+#: Where a triggered run's first steps run: in the appending transaction, or
+#: in a worker right after it commits.
+START_MODES = ("inline", "worker")
 
 
 class Workflow:
@@ -300,6 +303,7 @@ class Workflow:
         awaits: Mapping[str, str] | None = None,
         version: int = 1,
         commit: str = "batch",
+        start: str = "inline",
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -323,6 +327,13 @@ class Workflow:
         #: "per_run": a worker commits right after each resume of this
         #: workflow's runs, so a killed worker never repeats a finished one.
         self.commit = commit
+        if start not in START_MODES:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: start must be one of {', '.join(START_MODES)}, "
+                f"got {start!r}"
+            )
+        #: "worker": a trigger queues the run; a worker runs its steps.
+        self.start = start
         awaits = dict(awaits or {})
         for key, event_type in awaits.items():
             if not isinstance(key, str) or not isinstance(event_type, str) or not event_type:
@@ -523,6 +534,7 @@ def define_workflow(
     version: int = 1,
     *,
     commit: str = "batch",
+    start: str = "inline",
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name``.
@@ -530,11 +542,14 @@ def define_workflow(
     Raises :class:`WorkflowDefinitionError` naming the first problem (with its
     system check id). ``commit="per_run"`` makes workers commit right after each
     resume of this workflow's runs (for steps with side effects outside the
-    database); the default shares a commit with other runs. Pass
+    database); the default shares a commit with other runs.
+    ``start="worker"`` queues each new run for a worker instead of running
+    its first steps in the transaction that appended the trigger (see
+    :func:`kumiko_workflows.start_in_worker` for one call). Pass
     ``register=False`` to build a definition without registering it (for
     :meth:`WorkflowRegistry.override`).
     """
-    workflow = Workflow(name, trigger, steps, idempotency_key, awaits, version, commit)
+    workflow = Workflow(name, trigger, steps, idempotency_key, awaits, version, commit, start)
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:
         first = problems[0]

@@ -63,6 +63,9 @@ class Record:
     attempt: Callable[[Any], int]
     #: What to tell people about a pending row of this kind.
     facts: Callable[[Any, Teller], Facts]
+    #: Written by a step (which lists it in ``Step.resumes_from``), or by the
+    #: engine or an operator for a run at any position (a rerun, a queued start).
+    by_step: bool = True
 
     def pending_columns(self, payload: dict[str, Any], at: datetime) -> dict[str, Any]:
         return {"suspension_type": self.suspension_type, **self.pending(payload, at)}
@@ -145,7 +148,7 @@ def _retry_facts(row: Any, tell: Teller) -> Facts:
     ]
 
 
-def _rerun_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+def _due_now(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
     return {"wake_at": at, "due_since": at}
 
 
@@ -184,14 +187,27 @@ RETRY = Record(
 RERUN = Record(
     et.RERUN_REQUESTED,
     "rerun",
-    pending=_rerun_pending,
+    pending=_due_now,
     status=_rerun_status,
     after=False,
     attempt=_first_attempt,
     facts=lambda row, tell: [("Rerun", f"requested at {tell.when(row.due_since)}")],
+    by_step=False,
+)
+#: Not a step's: a run of a workflow that starts in the worker, due at once
+#: at its first step (``define_workflow(..., start="worker")``).
+QUEUED = Record(
+    et.RUN_QUEUED,
+    "queued",
+    pending=_due_now,
+    status=lambda payload, at: {"wake_at": at},
+    after=False,
+    attempt=_first_attempt,
+    facts=lambda row, tell: [("Queued", f"to start in a worker since {tell.when(row.due_since)}")],
+    by_step=False,
 )
 
-RECORDS = (WAIT, EVENT, RETRY, RERUN)
+RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED)
 _BY_EVENT = {record.event_type: record for record in RECORDS}
 _BY_TYPE = {record.suspension_type: record for record in RECORDS}
 

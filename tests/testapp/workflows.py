@@ -341,3 +341,18 @@ faults_huge_retry = define_workflow(
         steps.wait("PT1H"),
     ],
 )
+
+
+def note_process(ctx):
+    """Record which process ran the step (a worker, for a queued start)."""
+    ctx.append_event(ctx.event.aggregate_id, "test-source", "t.ran-in", {"pid": os.getpid()})
+    return os.getpid()
+
+
+started_in_worker = define_workflow(
+    name="t-start-in-worker",
+    trigger=on_event("t.start-in-worker"),
+    idempotency_key=run_key,
+    start="worker",
+    steps=[steps.compute("process", note_process)],
+)
