@@ -46,9 +46,21 @@ _EXPORTS = {
     "retry_run": "kumiko_workflows.engine.resume",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
     "start_in_worker": "kumiko_workflows.engine.segment",
+    "await_run_finished": "kumiko_workflows.aio",
+    "aresume_due_runs": "kumiko_workflows.aio",
+    "arerun_run": "kumiko_workflows.aio",
+    "awake_run": "kumiko_workflows.aio",
+    "acancel_run": "kumiko_workflows.aio",
+    "aappend_event": "kumiko_workflows.aio",
 }
 
 __all__ = [
+    "aappend_event",
+    "acancel_run",
+    "arerun_run",
+    "aresume_due_runs",
+    "await_run_finished",
+    "awake_run",
     "AppendOnlyError",
     "InvalidArgument",
     "InvalidDuration",
@@ -83,6 +95,14 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from kumiko_workflows import event_types, steps
+    from kumiko_workflows.aio import (
+        aappend_event,
+        acancel_run,
+        arerun_run,
+        aresume_due_runs,
+        await_run_finished,
+        awake_run,
+    )
     from kumiko_workflows.engine.cron import fire_due_schedules
     from kumiko_workflows.engine.resume import (
         cancel_run,

@@ -30,6 +30,7 @@ LAYERS = [
     ("kumiko_workflows.operations", 4),
     ("kumiko_workflows.checks", 4),
     ("kumiko_workflows.admin", 5),
+    ("kumiko_workflows.aio", 5),
     ("kumiko_workflows.management", 5),
     ("kumiko_workflows.apps", 5),
     ("kumiko_workflows", 5),  # the package's lazy public names

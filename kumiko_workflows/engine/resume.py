@@ -461,7 +461,8 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
 # --- operations on one run -----------------------------------------------------
 
 
-def _run(run_id: uuid.UUID | str) -> WorkflowRun:
+def find_run(run_id: uuid.UUID | str) -> WorkflowRun:
+    """The run's status row; :class:`RunNotFound` for an id that is not a run's."""
     try:
         key = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
     except ValueError:
@@ -480,7 +481,7 @@ def _append_to_run(
     created_by: str | None,
 ) -> bool:
     for _ in range(5):
-        run = _run(run_id)
+        run = find_run(run_id)
         if not eligible(run):
             return False
         stream = RunStream(
@@ -565,7 +566,7 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     for a ``by`` the event store would refuse.
     """
     _check_by(by)
-    run = _run(run_id)
+    run = find_run(run_id)
     if run.status != RunStatus.FAILED:
         raise RunNotRerunnable(f"run {run.run_id} is {run.status}, not failed")
     workflow = registry.get(run.workflow_name)
