@@ -16,9 +16,11 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from django.core.signals import setting_changed
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
+from django.dispatch import receiver
 
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.models import (
@@ -28,10 +30,27 @@ from kumiko_workflows.models import (
     WorkflowWaitKey,
 )
 
+_alias: str | None = None
+
 
 def alias() -> str:
-    """The database alias the engine's tables live on (``KUMIKO_WORKFLOWS["DATABASE"]``)."""
-    return str(workflow_settings.DATABASE)
+    """The database alias the engine's tables live on (``KUMIKO_WORKFLOWS["DATABASE"]``).
+
+    Read once and again whenever the settings change (``setting_changed``,
+    as ``override_settings`` sends): every statement asks for it.
+    """
+    global _alias
+    if _alias is None:
+        _alias = str(workflow_settings.DATABASE)
+    return _alias
+
+
+@receiver(setting_changed)
+def _forget(setting: str, **kwargs: Any) -> None:
+    global _alias
+    if setting in ("KUMIKO_WORKFLOWS", "DATABASES"):
+        _alias = None
+        _SQL.clear()
 
 
 def engine() -> BaseDatabaseWrapper:
@@ -102,7 +121,7 @@ _SQL: dict[tuple[Any, ...], str] = {}
 
 def statement(key: tuple[Any, ...], build: Callable[[], str]) -> str:
     """The statement ``build`` makes for ``key``, built once per key and database."""
-    full = (alias(), engine().vendor, *key)
+    full = (alias(), *key)
     sql = _SQL.get(full)
     if sql is None:
         sql = _SQL[full] = build()
@@ -292,9 +311,11 @@ def _build_pair() -> str:
     )
 
 
-def run_insert(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """Execute an insert on the append cursor; the (id, version) rows it returned."""
-    cursor, kept = _append_cursor(engine())
+def run_insert(
+    sql: str, params: list[Any], conn: BaseDatabaseWrapper | None = None
+) -> list[tuple[Any, ...]]:
+    """Execute an insert on the append cursor of ``conn`` (the engine's); its (id, version) rows."""
+    cursor, kept = _append_cursor(conn or engine())
     try:
         cursor.execute(sql, params)
         return cursor.fetchall()

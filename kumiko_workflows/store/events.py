@@ -336,7 +336,7 @@ def _insert(
     for _ in range(attempts):
         block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
         with block:
-            rows = db_statements.run_insert(sql, params)
+            rows = db_statements.run_insert(sql, params, db)
             if rows:
                 _saved(db, event, rows[0], projected)
                 return
@@ -448,7 +448,7 @@ def _insert_pair(
     params = [*one_values, expected_version + 1, *previous, *two_values, expected_version + 2]
     for event in (one, two):
         pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
-    inserted = db_statements.run_insert(db_statements.insert_pair_sql(), params)
+    inserted = db_statements.run_insert(db_statements.insert_pair_sql(), params, db)
     rows = {version: (pk, version) for pk, version in inserted}
     if expected_version + 1 not in rows:
         raise _refusal(one, expected_version) or _version_conflict(one, expected_version)
