@@ -13,7 +13,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from kumiko_workflows import checks  # noqa: F401 - registers the system checks
-        from kumiko_workflows.engine import segment, wakeups
+        from kumiko_workflows.engine import purged_runs, segment, wakeups
         from kumiko_workflows.models import Event
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
@@ -53,6 +53,8 @@ class KumikoWorkflowsConfig(AppConfig):
                 replay=False,
                 builtin=True,
             )
+        if "kumiko_workflows.purged_runs" not in projections:
+            purged_runs.register(projections)
         post_save.connect(
             dispatch.on_event_saved, sender=Event, dispatch_uid="kumiko_workflows.projections"
         )

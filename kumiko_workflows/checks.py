@@ -8,6 +8,7 @@ from typing import Any
 from django.core import checks
 
 from kumiko_workflows.conf import DEFAULTS, import_callable, workflow_settings
+from kumiko_workflows.operations.purge import retention_problem
 from kumiko_workflows.store.events import name_problem
 from kumiko_workflows.workflow.definition import registry, validate
 
@@ -66,8 +67,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="kumiko_workflows.E023",
             )
         )
+    problem = retention_problem(workflow_settings.RETENTION)
+    if problem:
+        errors.append(
+            checks.Error(
+                f"KUMIKO_WORKFLOWS['RETENTION'] {problem}.",
+                hint="How long finished runs are kept, e.g. 'P30D' (or a timedelta); None keeps "
+                "them until purge_workflow_runs is given --finished-before.",
+                id="kumiko_workflows.E027",
+            )
+        )
+    if not isinstance(workflow_settings.REUSE_PURGED_KEYS, bool):
+        errors.append(
+            checks.Error(
+                "KUMIKO_WORKFLOWS['REUSE_PURGED_KEYS'] must be True or False, "
+                f"got {workflow_settings.REUSE_PURGED_KEYS!r}.",
+                hint="False (the default) keeps a purged run's idempotency key used.",
+                id="kumiko_workflows.E028",
+            )
+        )
     for key in ("CRON_TENANTS", "ADMIN_TENANT"):
-
         try:
             import_callable(getattr(workflow_settings, key), key)
         except Exception as exc:

@@ -43,6 +43,13 @@ DEFAULTS: dict[str, Any] = {
     # Dotted path (or callable) `request -> tenant id or None` that limits a
     # staff user in the admin to one tenant; None means no scoping.
     "ADMIN_TENANT": None,
+    # How long finished runs are kept: the default of `purge_workflow_runs
+    # --finished-before` (an ISO 8601 duration such as "P30D", or a
+    # timedelta). None: nothing is purged unless the command is given one.
+    "RETENTION": None,
+    # Whether a trigger may start a run again whose id (idempotency key) belonged
+    # to a purged run. False: the key stays used, as if the run still existed.
+    "REUSE_PURGED_KEYS": False,
 }
 
 

@@ -346,3 +346,29 @@ class WakeCheck(models.Model):
     def __str__(self) -> str:
         subject = f"event #{self.event_id}" if self.event_id else f"run {self.run_id}"
         return f"wake-up check of {subject}"
+
+
+class PurgedRun(models.Model):
+    """A run ``purge_workflow_runs`` removed: what is left so its id stays used.
+
+    The run's stream, status row and any leftovers are gone; this row keeps a
+    trigger with the same idempotency key (so the same run id, see
+    :func:`~kumiko_workflows.run_id_for`) from starting the run again, unless
+    ``KUMIKO_WORKFLOWS["REUSE_PURGED_KEYS"]`` allows it. Not a projection: a
+    rebuild neither reads nor writes it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    run_id = models.UUIDField()
+    workflow_name = models.CharField(max_length=200)
+    purged_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant_id", "run_id"], name="kw_purged_run"),
+        ]
+        verbose_name = "purged workflow run"
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.run_id} (purged {self.purged_at.isoformat()})"

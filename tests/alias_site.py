@@ -5,6 +5,7 @@ Prints one JSON line of what it saw; the test asserts on it.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -17,12 +18,13 @@ import django
 django.setup()
 
 from django.contrib.auth.models import User  # noqa: E402
+from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from kumiko_workflows import append_event, resume_due_runs, run_id_for  # noqa: E402
-from kumiko_workflows.models import WorkflowRun, WorkflowRunPending  # noqa: E402
+from kumiko_workflows.models import Event, PurgedRun, WorkflowRun, WorkflowRunPending  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -99,4 +101,13 @@ pages = {
 }
 seen["admin"] = {name: client.get(url).status_code for name, url in pages.items()}
 seen["run_page_names_run"] = str(awaiting) in client.get(pages["run"]).content.decode()
+
+# Retention: the purge removes the two finished runs from that database too.
+purged = io.StringIO()
+call_command(
+    "purge_workflow_runs", "--finished-before", "PT0S", stdout=purged, stderr=io.StringIO()
+)
+seen["purged"] = purged.getvalue().split(" events=")[0]
+seen["run_events_left"] = Event.objects.filter(aggregate_type="workflow-run").count()
+seen["tombstones"] = PurgedRun.objects.count()
 print(json.dumps(seen), flush=True)

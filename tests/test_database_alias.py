@@ -80,6 +80,7 @@ def test_the_engine_runs_on_a_second_database_alias(two_databases):
     assert seen["notify_seconds"] < 30, "woken by the interval (300 s), not by NOTIFY"
     assert seen["admin"] == {"runs": 200, "run": 200, "events": 200, "pending": 200}, seen
     assert seen["run_page_names_run"] is True
+    assert (seen["purged"], seen["run_events_left"], seen["tombstones"]) == ("purged runs=2", 0, 2)
 
 
 def test_a_missing_router_or_alias_is_a_system_check_error(settings):

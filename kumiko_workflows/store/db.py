@@ -23,8 +23,10 @@ from django.db.backends.utils import CursorWrapper
 from django.dispatch import receiver
 
 from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.event_types import RUN_AGGREGATE_TYPE
 from kumiko_workflows.models import (
     Event,
+    PurgedRun,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
@@ -456,3 +458,46 @@ def connection_broken() -> bool:
     """Whether the engine's database connection itself is gone (not just a failed statement)."""
     raw = engine().connection
     return raw is None or bool(getattr(raw, "closed", False))
+
+
+# --- retention (operations/purge, engine/purged_runs) ----------------------
+
+
+def is_purged(tenant_id: str, run_id: Any) -> bool:
+    """Whether a run with this id was purged in this tenant (asked on every run start)."""
+
+    def build() -> str:
+        ops = engine().ops
+        return (
+            f"SELECT 1 FROM {ops.quote_name(PurgedRun._meta.db_table)} "  # noqa: S608
+            f"WHERE {ops.quote_name('tenant_id')} = %s AND {ops.quote_name('run_id')} = %s"
+        )
+
+    conn = engine()
+    with conn.cursor() as cursor:
+        cursor.execute(
+            statement(("is_purged",), build),
+            [tenant_id, PurgedRun._meta.get_field("run_id").get_db_prep_value(run_id, conn)],
+        )
+        return cursor.fetchone() is not None
+
+
+def delete_run_streams(tenant_id: str, run_ids: Sequence[Any]) -> int:
+    """Delete the run streams (``workflow-run`` events) of ``run_ids`` in one tenant.
+
+    The only statement that deletes events: ``Event`` refuses it through the
+    ORM, and only the purge of finished runs calls this. Returns the count.
+    """
+    conn = engine()
+    ops = conn.ops
+    table = ops.quote_name(Event._meta.db_table)
+    sql = (
+        f"DELETE FROM {table} WHERE {ops.quote_name('tenant_id')} = %s "  # noqa: S608
+        f"AND {ops.quote_name('aggregate_type')} = %s "
+        f"AND {ops.quote_name('aggregate_id')} IN ({', '.join(['%s'] * len(run_ids))})"
+    )
+    field = Event._meta.get_field("aggregate_id")
+    params = [tenant_id, RUN_AGGREGATE_TYPE, *(field.get_db_prep_value(r, conn) for r in run_ids)]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
