@@ -20,6 +20,9 @@ RUN_CANCELLED = "workflow.run-cancelled"
 WAKE_REQUESTED = "workflow.wake-requested"
 #: Someone asked a failed run to run again from where its failed attempt began.
 RERUN_REQUESTED = "workflow.rerun-requested"
+#: Someone moved a suspended run to another version of its workflow
+#: (``migrate_workflow_runs``): it resumes there, at the step the new version maps.
+RUN_MIGRATED = "workflow.run-migrated"
 #: A cron schedule was first seen by a scheduler pass; slots before it never fire.
 SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
@@ -39,4 +42,5 @@ RUN_EVENTS = (
     RUN_CANCELLED,
     WAKE_REQUESTED,
     RERUN_REQUESTED,
+    RUN_MIGRATED,
 )
