@@ -38,6 +38,7 @@ _EXPORTS = {
     "RunNotRetryable": "kumiko_workflows.exceptions",
     "ScheduleError": "kumiko_workflows.exceptions",
     "InvalidArgument": "kumiko_workflows.exceptions",
+    "MigrationRefused": "kumiko_workflows.exceptions",
     "RunContext": "kumiko_workflows.engine.segment",
     "resume_due_runs": "kumiko_workflows.engine.resume",
     "cancel_run": "kumiko_workflows.engine.resume",
@@ -45,6 +46,7 @@ _EXPORTS = {
     "rerun_run": "kumiko_workflows.engine.resume",
     "retry_run": "kumiko_workflows.engine.resume",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
+    "migrate_workflow_runs": "kumiko_workflows.engine.versions",
 }
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "InvalidDuration",
     "InvalidEvent",
     "InvalidMatchExpression",
+    "MigrationRefused",
     "RunContext",
     "RunNotFound",
     "RunNotRerunnable",
@@ -69,6 +72,7 @@ __all__ = [
     "event_types",
     "fire_due_schedules",
     "load_stream",
+    "migrate_workflow_runs",
     "on_cron",
     "on_event",
     "rerun_run",
@@ -90,12 +94,14 @@ if TYPE_CHECKING:  # pragma: no cover
         wake_run,
     )
     from kumiko_workflows.engine.segment import RunContext
+    from kumiko_workflows.engine.versions import migrate_workflow_runs
     from kumiko_workflows.exceptions import (
         AppendOnlyError,
         InvalidArgument,
         InvalidDuration,
         InvalidEvent,
         InvalidMatchExpression,
+        MigrationRefused,
         RunNotFound,
         RunNotRerunnable,
         RunNotRetryable,
