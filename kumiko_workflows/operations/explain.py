@@ -24,7 +24,15 @@ from kumiko_workflows.workflow.definition import registry
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
 _TIMELINE_HIDDEN = frozenset(
-    {"workflow_name", "definition_fingerprint", "step_fingerprints", "state", "step", "by"}
+    {
+        "workflow_name",
+        "definition_fingerprint",
+        "from_fingerprint",
+        "step_fingerprints",
+        "state",
+        "step",
+        "by",
+    }
 )
 
 
