@@ -346,10 +346,23 @@ def test_a_moved_event_wait_keeps_its_keys_and_its_event_wakes_it_on_v2(now):
         [steps.compute("note", w.record("note")), wait, steps.compute("after", w.record("after"))],
         migrates_from={1: {"0": "1"}},
     )
+    other_key = define_workflow(
+        name="t-versioned-event",
+        trigger=on_event("t.versioned-event"),
+        idempotency_key=w.run_key,
+        awaits={"approved": "t.verified"},
+        version=2,
+        migrates_from={1: {"0": "0"}},
+        steps=[steps.wait_for_event("approved", match=w.user_match)],
+        register=False,
+    )
     with registry.override(v1):
         event = trigger("t.versioned-event", user_id="u-7")
         run_id = run_id_for("t-versioned-event", event.payload["run_key"])
     keys = list(WorkflowWaitKey.objects.filter(run_id=run_id).values("path", "value"))
+    with registry.override(other_key), pytest.raises(MigrationRefused) as refused:
+        migrate_workflow_runs("t-versioned-event", 1, 2)
+    assert "which does not wait for the same awaits key 'verified'" in str(refused.value)
     with registry.override(v2):
         assert migrate_workflow_runs("t-versioned-event", 1, 2).moved == 1
         assert list(WorkflowWaitKey.objects.filter(run_id=run_id).values("path", "value")) == keys
@@ -358,6 +371,37 @@ def test_a_moved_event_wait_keeps_its_keys_and_its_event_wakes_it_on_v2(now):
 
     assert run_of(run_id).status == "completed"
     assert recorded(event) == ["after"]  # "note" stands before the wait: it never runs
+    assert check().differences == []
+
+
+def test_a_moved_retry_backoff_goes_on_with_its_attempt_on_v2(now):
+    def retrying(version, before=(), migrates_from=None):
+        return define_workflow(
+            name="t-versioned-retry",
+            trigger=on_event("t.versioned-retry"),
+            idempotency_key=w.run_key,
+            version=version,
+            migrates_from=migrates_from,
+            steps=[
+                *before,
+                steps.retry(times=3, backoff="linear", do=[steps.compute("gate", w.gate)]),
+            ],
+            register=False,
+        )
+
+    with registry.override(retrying(1)):
+        event = trigger("t.versioned-retry", fail_attempts=1)
+        run_id = run_id_for("t-versioned-retry", event.payload["run_key"])
+    assert WorkflowRunPending.objects.get(run_id=run_id).retry_attempt == 1
+    v2 = retrying(2, [steps.compute("note", w.record("note"))], migrates_from={1: {"0": "1"}})
+    with registry.override(v2):
+        assert dict(migrate_workflow_runs("t-versioned-retry", 1, 2).steps) == {("0", "1"): 1}
+        resume_due_runs(now=now + timedelta(seconds=11))
+
+    passed = Event.objects.get(aggregate_id=event.aggregate_id, type="t.gate-passed")
+    assert passed.payload == {"attempt": 2}  # the second attempt, in v2's retry
+    assert recorded(event) == []  # v2's first step stands before the retry
+    assert run_of(run_id).status == "completed"
     assert check().differences == []
 
 
