@@ -38,6 +38,7 @@ _EXPORTS = {
     "RunNotRetryable": "kumiko_workflows.exceptions",
     "ScheduleError": "kumiko_workflows.exceptions",
     "InvalidArgument": "kumiko_workflows.exceptions",
+    "MigrationRefused": "kumiko_workflows.exceptions",
     "RunContext": "kumiko_workflows.engine.segment",
     "resume_due_runs": "kumiko_workflows.engine.resume",
     "cancel_run": "kumiko_workflows.engine.resume",
@@ -52,6 +53,7 @@ _EXPORTS = {
     "awake_run": "kumiko_workflows.aio",
     "acancel_run": "kumiko_workflows.aio",
     "aappend_event": "kumiko_workflows.aio",
+    "migrate_workflow_runs": "kumiko_workflows.engine.versions",
 }
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "InvalidDuration",
     "InvalidEvent",
     "InvalidMatchExpression",
+    "MigrationRefused",
     "RunContext",
     "RunNotFound",
     "RunNotRerunnable",
@@ -82,6 +85,7 @@ __all__ = [
     "event_types",
     "fire_due_schedules",
     "load_stream",
+    "migrate_workflow_runs",
     "on_cron",
     "on_event",
     "rerun_run",
@@ -112,12 +116,14 @@ if TYPE_CHECKING:  # pragma: no cover
         wake_run,
     )
     from kumiko_workflows.engine.segment import RunContext, start_in_worker
+    from kumiko_workflows.engine.versions import migrate_workflow_runs
     from kumiko_workflows.exceptions import (
         AppendOnlyError,
         InvalidArgument,
         InvalidDuration,
         InvalidEvent,
         InvalidMatchExpression,
+        MigrationRefused,
         RunNotFound,
         RunNotRerunnable,
         RunNotRetryable,

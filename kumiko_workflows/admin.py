@@ -151,13 +151,14 @@ class WorkflowRunAdmin(WorkflowAdmin):
     list_display = (
         "run_id",
         "workflow_name",
+        "workflow_version",
         "tenant_id",
         "status",
         "current_step",
         "wake_at",
         "updated_at",
     )
-    list_filter = ("status", "workflow_name", "tenant_id")
+    list_filter = ("status", "workflow_name", "workflow_version", "tenant_id")
     search_fields = ("run_id", "idempotency_key")
     ordering = ("-updated_at",)
     actions = ["wake_now", "cancel_runs", "rerun_failed"]
@@ -170,6 +171,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 "fields": (
                     "run_id",
                     "workflow_name",
+                    "workflow_version",
                     "tenant_id",
                     "idempotency_key",
                     "status",
@@ -194,7 +196,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
 
     @admin.display(description="current step", ordering="step")
     def current_step(self, run: WorkflowRun) -> str:
-        return step_label(run.workflow_name, run.step) or "—"
+        return step_label(run.workflow_name, run.step, run.workflow_version) or "—"
 
     @admin.display(description="trigger event")
     def trigger_event(self, run: WorkflowRun) -> str:
@@ -413,6 +415,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     list_display = (
         "run",
         "workflow_name",
+        "workflow_version",
         "tenant_id",
         "step",
         "suspension_type",
@@ -421,12 +424,13 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
         "lateness",
         "awaiting",
     )
-    list_filter = ("suspension_type", "workflow_name", "tenant_id")
+    list_filter = ("suspension_type", "workflow_name", "workflow_version", "tenant_id")
     search_fields = ("run_id",)
     ordering = (F("wake_at").asc(nulls_last=True), "id")
     fields = (
         "run",
         "workflow_name",
+        "workflow_version",
         "tenant_id",
         "step",
         "suspension_type",

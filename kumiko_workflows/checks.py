@@ -134,13 +134,35 @@ def _database_problems(settings: Any) -> list[checks.CheckMessage]:
 def check_workflows(
     app_configs: Any = None, workflows: Iterable[Any] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Run definition validation over every registered workflow."""
+    """Run definition validation over every declared version of every workflow."""
 
     errors: list[checks.CheckMessage] = []
-    for workflow in registry.all() if workflows is None else workflows:
+    for workflow in registry.every_version() if workflows is None else workflows:
         for problem in validate(workflow):
             level = checks.Warning if ".W" in problem.id else checks.Error
             errors.append(
                 level(problem.message, hint=problem.hint or None, obj=workflow, id=problem.id)
             )
+        errors.extend(_migration_sources(workflow))
+    return errors
+
+
+def _migration_sources(workflow: Any) -> list[checks.CheckMessage]:
+    """``migrates_from`` positions the older version, where still declared, does not have."""
+    errors: list[checks.CheckMessage] = []
+    for old, positions in sorted(workflow.migrates_from.items()):
+        source = registry.get(workflow.name, old)
+        for position in sorted(positions):
+            if source is not None and source.step_at(position) is None:
+                errors.append(
+                    checks.Error(
+                        f"workflow {workflow.name!r} version {workflow.version}: "
+                        f"migrates_from[{old}] maps step {position}, which version {old} has "
+                        "no step at",
+                        hint="Map the positions where runs of the old version wait (a run's "
+                        "step, as the admin shows it).",
+                        obj=workflow,
+                        id="kumiko_workflows.E014",
+                    )
+                )
     return errors

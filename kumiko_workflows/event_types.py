@@ -22,6 +22,9 @@ WAKE_REQUESTED = "workflow.wake-requested"
 RERUN_REQUESTED = "workflow.rerun-requested"
 #: A run of a workflow defined with ``start="worker"`` waits for a worker to run its steps.
 RUN_QUEUED = "workflow.run-queued"
+#: Someone moved a suspended run to another version of its workflow
+#: (``migrate_workflow_runs``): it resumes there, at the step the new version maps.
+RUN_MIGRATED = "workflow.run-migrated"
 #: A cron schedule was first seen by a scheduler pass; slots before it never fire.
 SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
@@ -42,4 +45,5 @@ RUN_EVENTS = (
     WAKE_REQUESTED,
     RERUN_REQUESTED,
     RUN_QUEUED,
+    RUN_MIGRATED,
 )

@@ -81,6 +81,10 @@ class RunNotRerunnable(WorkflowError):
 RunNotRetryable = RunNotRerunnable
 
 
+class MigrationRefused(WorkflowError):
+    """The runs cannot be moved to that version of their workflow; none was moved."""
+
+
 class StreamMoved(WorkflowError):
     """Another writer appended to the run's stream while the run was running."""
 

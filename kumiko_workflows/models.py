@@ -129,6 +129,12 @@ class WorkflowRun(models.Model):
     run_id = models.UUIDField(primary_key=True)
     tenant_id = models.CharField(max_length=100)
     workflow_name = models.CharField(max_length=200)
+    workflow_version = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The version of the workflow the run resumes on: the one it started on, "
+        "or was moved to. Empty: started before runs recorded their version.",
+    )
     idempotency_key = models.CharField(max_length=500, blank=True, default="")
     status = models.CharField(max_length=16, choices=RunStatus.choices)
     step = models.CharField(max_length=200, blank=True, default="")
@@ -225,6 +231,12 @@ class WorkflowRunPending(models.Model):
     run_id = models.UUIDField()
     step = models.CharField(max_length=200)
     workflow_name = models.CharField(max_length=200)
+    workflow_version = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The version of the workflow the run resumes on. Empty: suspended by an "
+        "engine that did not record it (the declared version with its fingerprint is used).",
+    )
     suspension_type = models.CharField(max_length=16, choices=SuspensionType.choices)
     wake_at = models.DateTimeField(null=True, blank=True)
     timeout_at = models.DateTimeField(null=True, blank=True)

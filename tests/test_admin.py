@@ -440,6 +440,38 @@ def test_a_waiting_run_without_a_pending_row_says_so(client, root, future_iso):
     assert "rebuild_workflow_projections --check" in page
 
 
+def test_runs_show_their_version_with_a_filter_and_a_stranded_run_says_it_will_fail(
+    client, root, future_iso
+):
+    original = registry.get("t-wait")
+    v2 = define_workflow(
+        name="t-wait",
+        trigger=on_event("t.wait"),
+        idempotency_key=w.run_key,
+        version=2,
+        steps=[steps.wait(w.payload_value("for", "PT1H")), steps.compute("after", w.record("a"))],
+        register=False,
+    )
+    old = start("t.wait", **{"for": future_iso})
+    with registry.override(original, v2):
+        new = start("t.wait", **{"for": future_iso})
+        listing = client.get(reverse(RUNS))
+        only_v2 = client.get(reverse(RUNS), {"workflow_version__exact": "2"})
+        pending_v1 = client.get(reverse(PENDING), {"workflow_version__exact": "1"})
+        declared = client.get(change_url(old)).content.decode()
+    with registry.override(v2):
+        stranded = client.get(change_url(old)).content.decode()
+
+    assert "column-workflow_version" in listing.content.decode()
+    assert "By workflow version" in listing.content.decode()
+    assert [run.pk for run in only_v2.context["cl"].result_list] == [new.pk]
+    assert [row.run_id for row in pending_v1.context["cl"].result_list] == [old.run_id]
+    assert "Workflow version" in declared and "no longer declared" not in declared
+    assert "Definition</th><td>workflow &#x27;t-wait&#x27; version 1 is no longer declared" in (
+        stranded
+    )
+
+
 def test_run_list_shows_each_cron_schedule_with_its_last_and_next_slot(
     client, django_user_model, scoped
 ):

@@ -167,6 +167,31 @@ def test_the_first_pass_only_starts_the_schedule_and_the_next_slot_fires_once():
 
 
 @pytest.mark.django_db
+def test_with_two_versions_declared_only_the_highest_fires_and_on_one_schedule():
+    v2 = define_workflow(
+        name=cw.hourly_all.name,
+        trigger=on_cron("30 * * * *", catch_up="all"),
+        version=2,
+        steps=[steps.compute("slot", cw.slot_of)],
+        register=False,
+    )
+    with registry.override(cw.hourly_all):
+        fire_due_schedules(now=at("2030-01-01T05:02:00+00:00"))
+        assert fire_due_schedules(now=at("2030-01-01T06:00:30+00:00")) == 1
+    with registry.override(cw.hourly_all, v2):
+        assert [
+            row["expression"]
+            for row in schedule_overview(now=at("2030-01-01T06:01:00Z"))
+            if row["workflow_name"] == v2.name
+        ] == ["30 * * * *"]
+        assert fire_due_schedules(now=at("2030-01-01T07:00:30+00:00")) == 1  # 06:30 only
+
+    # The schedule stream is the workflow's, whatever its version: no slot fires twice.
+    assert fired_slots(cw.hourly_all) == ["2030-01-01T06:00:00+00:00", "2030-01-01T06:30:00+00:00"]
+    assert [run.workflow_version for run in runs_of(cw.hourly_all)] == [1, 2]
+
+
+@pytest.mark.django_db
 def test_fire_due_schedules_refuses_a_naive_now():
     with pytest.raises(ValueError, match="aware datetime.*naive 2030-01-01T05:00:00"):
         fire_due_schedules(now=datetime(2030, 1, 1, 5))

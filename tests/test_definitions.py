@@ -449,6 +449,88 @@ def test_override_and_without_swap_definitions_for_a_block():
     assert registry.triggered_by("t.wait") == [original]
 
 
+def test_versions_of_one_name_live_side_by_side_and_new_runs_start_on_the_highest():
+    own = WorkflowRegistry()
+    v1 = own.register(
+        build([steps.wait_for_event("paid")], awaits={"paid": "w.paid"}, trigger=on_event("w.a"))
+    )
+    v3 = own.register(build([steps.compute("a", noop)], version=3, trigger=on_event("w.b")))
+    v2 = own.register(build([steps.compute("a", other_noop)], version=2, trigger=on_event("w.a")))
+
+    assert own.get("w") is v3 and own.get("w", 1) is v1 and own.get("w", 4) is None
+    assert own.versions("w") == [v1, v2, v3]
+    assert own.all() == [v3] and own.every_version() == [v1, v2, v3]
+    # Only the highest version starts runs; a run of any version may still await its event.
+    assert own.triggered_by("w.b") == [v3] and own.triggered_by("w.a") == []
+    assert own.is_awaited("w.paid")
+    # A run resumes on its recorded version, or (recorded by no version) on its fingerprint's.
+    assert own.of_run("w", 2, "anything") is v2
+    assert own.of_run("w", None, v1.fingerprint) is v1
+    assert own.of_run("w", None, "unknown") is None
+    with pytest.raises(WorkflowDefinitionError, match="already defined at version 2"):
+        own.register(build([steps.compute("b", noop)], version=2))
+
+
+def test_override_declares_exactly_the_versions_given_for_a_name():
+    v2 = define([steps.compute("x", noop)], name="t-wait", trigger=on_event("t.wait"), version=2)
+    original = registry.get("t-wait")
+
+    with registry.override(v2):  # a deploy that replaced v1 by v2
+        assert registry.versions("t-wait") == [v2]
+    with registry.override(original, v2):  # a deploy that added v2 beside v1
+        assert registry.versions("t-wait") == [original, v2]
+        assert registry.triggered_by("t.wait") == [v2]
+
+    assert registry.versions("t-wait") == [original]
+
+
+@pytest.mark.parametrize(
+    ("migrates_from", "message"),
+    [
+        ([1], "migrates_from must map older versions"),
+        ({2: {"0": "0"}}, "names version 2; give older versions of this workflow"),
+        ({0: {"0": "0"}}, "names version 0"),
+        ({True: {"0": "0"}}, "names version True"),
+        ({1: {0: "0"}}, r"migrates_from\[1\] must map step positions to step positions"),
+        ({1: ["0"]}, r"migrates_from\[1\] must map step positions"),
+    ],
+)
+def test_a_malformed_migrates_from_is_refused_at_definition(migrates_from, message):
+    with pytest.raises(WorkflowDefinitionError, match=message):
+        define([steps.compute("a", noop)], version=2, migrates_from=migrates_from)
+
+
+def test_migrates_from_positions_are_checked_against_both_versions():
+    with pytest.raises(
+        WorkflowDefinitionError,
+        match=r"\[kumiko_workflows.E014\] workflow 'w' "
+        r"version 2: migrates_from\[1\] maps step 1 to '3', which this version "
+        "has no step at",
+    ):
+        define([steps.wait("PT1H")], version=2, migrates_from={1: {"1": "3"}})
+    with pytest.raises(WorkflowDefinitionError, match="maps 'one', which is not a step position"):
+        define([steps.wait("PT1H")], version=2, migrates_from={1: {"one": "0"}})
+
+    old = define([steps.compute("a", noop), steps.wait("PT1H")], name="t-moved")
+    new = define(
+        [steps.wait("PT1H")], name="t-moved", version=2, migrates_from={1: {"1": "0", "5": "0"}}
+    )
+    with registry.override(old, new):
+        errors = check_workflows(workflows=[new])
+    with registry.override(new):  # the old version is gone: nothing to compare with
+        assert check_workflows(workflows=[new]) == []
+
+    assert [(e.id, e.msg) for e in errors] == [
+        (
+            "kumiko_workflows.E014",
+            "workflow 't-moved' version 2: migrates_from[1] maps step 5, which version 1 has "
+            "no step at",
+        )
+    ]
+    # migrates_from is not in the fingerprint: adding it to a running version strands nothing.
+    assert new.fingerprint == define([steps.wait("PT1H")], name="t-moved", version=2).fingerprint
+
+
 def test_run_ids_are_uuid5_per_tenant_name_and_key():
     one = run_id_for("w", "k-1", "acme")
 

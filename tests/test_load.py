@@ -63,6 +63,7 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
         "tenant": TENANT,
         "name": WORKFLOW,
         "fingerprint": workflow.fingerprint,
+        "workflow_version": workflow.version,
         "prints": json.dumps(workflow.step_fingerprints),
         "for": for_,
         "wake": wake_at.isoformat(),
@@ -84,6 +85,7 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
         SELECT %(tenant)s, u.run, '{et.RUN_AGGREGATE_TYPE}', 1, '{et.RUN_STARTED}', 1,
                jsonb_build_object(
                    'workflow_name', %(name)s::text,
+                   'workflow_version', %(workflow_version)s::int,
                    'definition_fingerprint', %(fingerprint)s::text,
                    'step_fingerprints', %(prints)s::jsonb,
                    'idempotency_key', u.key,
@@ -100,6 +102,7 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
                    'step', '0',
                    'wake_at', %(wake)s::text,
                    'workflow_name', %(name)s::text,
+                   'workflow_version', %(workflow_version)s::int,
                    'definition_fingerprint', %(fingerprint)s::text,
                    'trigger_event_id', s.payload -> 'trigger_event_id',
                    'state', '{{"results": {{}}, "awaited": {{}}}}'::jsonb),
@@ -108,22 +111,26 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
         WHERE s.tenant_id = %(tenant)s AND s.aggregate_id = ANY(%(runs)s::uuid[])
           AND s.version = 1""",  # noqa: S608 - table names from _meta
         # The run-status projection of those two events.
-        f"""INSERT INTO {run} (run_id, tenant_id, workflow_name, idempotency_key, status, step,
+        f"""INSERT INTO {run} (run_id, tenant_id, workflow_name, workflow_version,
+               idempotency_key, status, step,
                suspension_type, wake_at, awaited_event_type, retry_attempt, failure_reason,
                error_class, last_error, definition_fingerprint, trigger_event_id, version,
                started_at, updated_at, finished_at)
-        SELECT s.aggregate_id, s.tenant_id, %(name)s, left(s.payload ->> 'idempotency_key', 500),
+        SELECT s.aggregate_id, s.tenant_id, %(name)s, %(workflow_version)s,
+               left(s.payload ->> 'idempotency_key', 500),
                'waiting', '0', 'wait', %(wake_at)s, '', 0, '', '', '', %(fingerprint)s,
                (s.payload ->> 'trigger_event_id')::bigint, 2, s.created_at, %(created)s, NULL
         FROM {event} s
         WHERE s.tenant_id = %(tenant)s AND s.aggregate_id = ANY(%(runs)s::uuid[])
           AND s.version = 1""",  # noqa: S608 - table names from _meta
         # The pending projection of the waiting event.
-        f"""INSERT INTO {pending} (tenant_id, run_id, step, workflow_name, suspension_type,
+        f"""INSERT INTO {pending} (tenant_id, run_id, step, workflow_name, workflow_version,
+               suspension_type,
                wake_at, timeout_at, retry_attempt, definition_fingerprint, wait_event_type,
                awaits_key, match_expr, awaited_event_id, match_scan, trigger_event_id,
                run_version, state, suspended_at, due_since)
-        SELECT w.tenant_id, w.aggregate_id, '0', %(name)s, 'wait', %(wake_at)s, NULL, 0,
+        SELECT w.tenant_id, w.aggregate_id, '0', %(name)s, %(workflow_version)s, 'wait',
+               %(wake_at)s, NULL, 0,
                %(fingerprint)s, '', '', NULL, NULL, false,
                (w.payload ->> 'trigger_event_id')::bigint,
                2, w.payload -> 'state', w.created_at, NULL

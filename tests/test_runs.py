@@ -170,6 +170,7 @@ def test_wait_suspends_with_step_wake_at_fingerprint_and_results(future):
     started, waiting = events
     assert started.payload == {
         "workflow_name": "t-wait",
+        "workflow_version": 1,
         "definition_fingerprint": workflow.fingerprint,
         "step_fingerprints": workflow.step_fingerprints,
         "idempotency_key": event.payload["run_key"],
@@ -179,6 +180,7 @@ def test_wait_suspends_with_step_wake_at_fingerprint_and_results(future):
         "step": "1",
         "wake_at": instant(future).isoformat(),
         "workflow_name": "t-wait",
+        "workflow_version": 1,
         "definition_fingerprint": workflow.fingerprint,
         "trigger_event_id": event.id,
         "state": {
@@ -189,6 +191,7 @@ def test_wait_suspends_with_step_wake_at_fingerprint_and_results(future):
     assert (started.tenant_id, started.aggregate_type) == ("default", "workflow-run")
     run = WorkflowRun.objects.get(run_id=run_id)
     assert (run.status, run.step, run.wake_at) == ("waiting", "1", instant(future))
+    assert run.workflow_version == 1
 
 
 def test_wait_for_event_suspends_with_awaits_key_type_match_and_timeout(future):

@@ -97,17 +97,35 @@ class ResumeReport:
         return " ".join(f"{key}={value}" for key, value in self.as_dict().items())
 
 
-def _definition_changed(row: WorkflowRunPending, workflow: Workflow | None) -> str:
-    if workflow is None:
-        return f"workflow {row.workflow_name!r} is not registered (was it removed or renamed?)"
-    started = Event.objects.filter(
-        tenant_id=row.tenant_id, aggregate_id=row.run_id, version=1
-    ).first()
-    old_prints = started.payload.get("step_fingerprints") if started else None
-    return (
-        f"workflow {row.workflow_name!r} changed since this run started: "
-        + workflow.changes_since(old_prints)
+def _definition_changed(
+    name: str, version: int | None, tenant_id: str, run_id: uuid.UUID, workflow: Workflow | None
+) -> str:
+    """Why a run cannot resume on the code deployed: gone, or changed (naming the steps)."""
+    declared = registry.versions(name)
+    if not declared:
+        return f"workflow {name!r} is not registered (was it removed or renamed?)"
+    if workflow is None and version is not None:
+        return (
+            f"version {version} of workflow {name!r} is no longer declared (declared: "
+            f"{', '.join(str(w.version) for w in declared)}); declare it beside the new one "
+            "until its runs drain, or move them with migrate_workflow_runs"
+        )
+    # The steps as the run's definition had them when it started or was moved.
+    origin = (
+        Event.objects.filter(
+            tenant_id=tenant_id, aggregate_id=run_id, type__in=(et.RUN_STARTED, et.RUN_MIGRATED)
+        )
+        .order_by("-version")
+        .first()
     )
+    old_prints = origin.payload.get("step_fingerprints") if origin else None
+    if workflow is None:  # no version recorded, and no declared one has its fingerprint
+        workflow = declared[-1]
+    return (
+        f"workflow {name!r} changed since it started: "
+        if version is None
+        else f"version {version} of workflow {name!r} changed since it started: "
+    ) + workflow.changes_since(old_prints)
 
 
 def _state_problem(state: Any) -> str | None:
@@ -144,9 +162,11 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
     """
     stream = RunStream.of_pending(row, deleted=True)
     stream.savepoint = False  # the caller rolls back on errors
-    workflow = registry.get(row.workflow_name)
+    workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
-        changed = _definition_changed(row, workflow)
+        changed = _definition_changed(
+            row.workflow_name, row.workflow_version, row.tenant_id, row.run_id, workflow
+        )
         fail_run(
             stream,
             Failure(DEFINITION_CHANGED, row.step, changed, detail=changed),
@@ -257,7 +277,7 @@ def resume_due_runs(
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
-    _check_name(tenant_id, "tenant_id", "tenant_id")
+    check_name(tenant_id, "tenant_id", "tenant_id")
     # Wake-ups not yet decided (their process died after commit, or a row
     # was locked) first, so the runs they wake are due in this pass.
     decide_waiting_checks(tenant_id)
@@ -279,7 +299,7 @@ def resume_due_runs(
 
 
 def _commits_per_run(row: WorkflowRunPending) -> bool:
-    workflow = registry.get(row.workflow_name)
+    workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)
     return workflow is not None and workflow.commit == "per_run"
 
 
@@ -509,15 +529,15 @@ def _append_to_run(
     return False
 
 
-def _check_name(value: Any, what: str, column: str, *, blank: bool = False) -> None:
+def check_name(value: Any, what: str, column: str, *, blank: bool = False) -> None:
     """Refuse, before any SQL, a value (None aside) the event's ``column`` cannot hold."""
     problem = None if value is None else name_problem(value, column, blank=blank)
     if problem:
         raise InvalidArgument(f"{what} {problem}")
 
 
-def _check_by(by: str | None) -> None:
-    _check_name(by, "by", "created_by", blank=True)
+def check_by(by: str | None) -> None:
+    check_name(by, "by", "created_by", blank=True)
 
 
 def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> bool:
@@ -531,7 +551,7 @@ def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> b
     problem = text_problem(reason)
     if problem:
         raise InvalidArgument(f"reason {problem}")
-    _check_by(by)
+    check_by(by)
     return _append_to_run(
         run_id,
         lambda run: run.status not in SETTLED_STATUSES,
@@ -547,7 +567,7 @@ def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
     for a ``by`` the event store would refuse.
     """
-    _check_by(by)
+    check_by(by)
     return _append_to_run(
         run_id,
         lambda run: run.status == RunStatus.WAITING,
@@ -565,15 +585,18 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     workflow's definition changed since it started, :class:`InvalidArgument`
     for a ``by`` the event store would refuse.
     """
-    _check_by(by)
+    check_by(by)
     run = find_run(run_id)
     if run.status != RunStatus.FAILED:
         raise RunNotRerunnable(f"run {run.run_id} is {run.status}, not failed")
-    workflow = registry.get(run.workflow_name)
+    # A rerun keeps the run's version: that version's code must still be declared, unchanged.
+    workflow = registry.of_run(run.workflow_name, run.workflow_version, run.definition_fingerprint)
     if workflow is None or workflow.fingerprint != run.definition_fingerprint:
         raise RunNotRerunnable(
-            f"run {run.run_id} cannot be rerun: workflow {run.workflow_name!r} changed since it "
-            "started (or is no longer registered)"
+            f"run {run.run_id} cannot be rerun, its workflow changed: "
+            + _definition_changed(
+                run.workflow_name, run.workflow_version, run.tenant_id, run.run_id, workflow
+            )
         )
     failed = (
         Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id, type=et.RUN_FAILED)
@@ -586,11 +609,13 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
         raise RunNotRerunnable(f"run {run.run_id} failed before its first step could run")
 
     assert failed is not None  # rerun_from came from it
+    version = workflow.version
 
     def payload(current: WorkflowRun) -> dict[str, Any]:
         return {
             "step": rerun_from,
             "workflow_name": current.workflow_name,
+            "workflow_version": version,
             "definition_fingerprint": current.definition_fingerprint,
             "trigger_event_id": current.trigger_event_id,
             "state": failed.payload.get("state") or {},

@@ -382,6 +382,7 @@ def _suspend(workflow: Workflow, stream: RunStream, ctx: RunContext, suspension:
     payload = {
         **suspension.payload,
         "workflow_name": workflow.name,
+        "workflow_version": workflow.version,
         "definition_fingerprint": workflow.fingerprint,
         "trigger_event_id": stream.trigger_event_id,
         "state": ctx.snapshot(),
@@ -477,6 +478,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
     run_id = run_id_for(workflow.name, key, event.tenant_id)
     started = {
         "workflow_name": workflow.name,
+        "workflow_version": workflow.version,
         "definition_fingerprint": workflow.fingerprint,
         "step_fingerprints": workflow.step_fingerprints,
         "idempotency_key": key,
@@ -501,6 +503,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
                     {
                         "step": "0",
                         "workflow_name": workflow.name,
+                        "workflow_version": workflow.version,
                         "definition_fingerprint": workflow.fingerprint,
                         "trigger_event_id": event.id,
                         "state": {"results": {}, "awaited": {}},

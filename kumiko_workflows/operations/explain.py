@@ -24,7 +24,15 @@ from kumiko_workflows.workflow.definition import registry
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
 _TIMELINE_HIDDEN = frozenset(
-    {"workflow_name", "definition_fingerprint", "step_fingerprints", "state", "step", "by"}
+    {
+        "workflow_name",
+        "definition_fingerprint",
+        "from_fingerprint",
+        "step_fingerprints",
+        "state",
+        "step",
+        "by",
+    }
 )
 
 
@@ -42,11 +50,14 @@ def humanize(delta: timedelta) -> str:
     return " ".join(parts)
 
 
-def step_label(workflow_name: str, step: str) -> str:
-    """``"2.else.0"`` -> ``"step 2.else.0 (retry)"`` when the workflow is registered."""
+def step_label(workflow_name: str, step: str, version: int | None = None) -> str:
+    """``"2.else.0"`` -> ``"step 2.else.0 (retry)"`` when the workflow (at ``version``) is declared.
+
+    ``version`` None: the highest declared version.
+    """
     if not step:
         return ""
-    workflow = registry.get(workflow_name)
+    workflow = registry.get(workflow_name, version)
     return workflow.label(step) if workflow is not None else f"step {step}"
 
 
@@ -99,8 +110,11 @@ def timeline(run: WorkflowRun) -> list[TimelineEntry]:
     """The run's events, oldest first, each with its step and a short payload."""
     entries = []
     stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
+    version = run.workflow_version
     for event in stream.order_by("version"):
         payload = event.payload or {}
+        if event.type in (et.RUN_STARTED, et.RUN_MIGRATED):
+            version = payload.get("workflow_version", version)  # the steps' version from here
         step = payload.get("step") or ""
         entries.append(
             TimelineEntry(
@@ -108,7 +122,7 @@ def timeline(run: WorkflowRun) -> list[TimelineEntry]:
                 version=event.version,
                 created_at=event.created_at,
                 type=event.type,
-                step=step_label(run.workflow_name, step) if step else "",
+                step=step_label(run.workflow_name, step, version) if step else "",
                 summary=short_payload(payload, type=event.type),
                 by=payload.get("by") or "",
             )
@@ -165,20 +179,33 @@ def explain(run: WorkflowRun, now: datetime) -> Explanation:
     return Explanation(
         "Running: a worker is executing its steps right now, or was interrupted in the "
         "middle of them (its transaction then rolled back and the run is as it was).",
-        [("Since", _when(run.updated_at)), ("Step", step_label(run.workflow_name, run.step))],
+        [("Since", _when(run.updated_at)), ("Step", _step(run, run.step))],
     )
+
+
+def _step(run: WorkflowRun, step: str) -> str:
+    return step_label(run.workflow_name, step, run.workflow_version)
+
+
+def _version(run: WorkflowRun) -> str:
+    return "" if run.workflow_version is None else f"version {run.workflow_version} "
 
 
 def _explain_failed(run: WorkflowRun) -> Explanation:
     facts = [
         ("Reason", run.failure_reason or "—"),
-        ("Failed step", step_label(run.workflow_name, run.step) or "(before the first step)"),
+        ("Failed step", _step(run, run.step) or "(before the first step)"),
         ("Error class", run.error_class or "—"),
         ("Failed at", _when(run.finished_at)),
     ]
-    workflow = registry.get(run.workflow_name)
+    workflow = registry.of_run(run.workflow_name, run.workflow_version, run.definition_fingerprint)
     if workflow is None:
-        facts.append(("Rerun", f"not possible: workflow {run.workflow_name!r} is not registered"))
+        facts.append(
+            (
+                "Rerun",
+                f"not possible: workflow {run.workflow_name!r} {_version(run)}is not declared",
+            )
+        )
     elif workflow.fingerprint != run.definition_fingerprint:
         facts.append(("Rerun", "not possible: the workflow's definition changed since it started"))
     else:
@@ -213,12 +240,23 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
         )
     kind = row.get_suspension_type_display()
     facts = [
-        ("Suspended", f"{kind} at {step_label(run.workflow_name, row.step)}"),
+        ("Suspended", f"{kind} at {_step(run, row.step)}"),
         ("Since", _when(row.suspended_at)),
     ]
     record = suspensions.for_type(row.suspension_type)
     if record is not None:
         facts.extend(record.facts(row, _Teller(run)))
+    workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)
+    if workflow is None or workflow.fingerprint != row.definition_fingerprint:
+        facts.append(
+            (
+                "Definition",
+                f"workflow {run.workflow_name!r} {_version(run)}is no longer declared as it "
+                "started: the run fails (workflow_definition_changed) when it resumes, unless "
+                "that version is declared again or the run is moved (see "
+                "`manage.py workflow_versions`)",
+            )
+        )
     if row.resume_errors:
         facts.append(
             (

@@ -31,6 +31,7 @@ from kumiko_workflows.workflow import matching, suspensions
 
 _PENDING_UPDATE_FIELDS = [
     "workflow_name",
+    "workflow_version",
     "suspension_type",
     "wake_at",
     "timeout_at",
@@ -62,6 +63,7 @@ def _pending_row(event: Event) -> WorkflowRunPending:
         run_id=event.aggregate_id,
         step=payload["step"],
         workflow_name=payload["workflow_name"],
+        workflow_version=payload.get("workflow_version"),
         definition_fingerprint=payload["definition_fingerprint"],
         trigger_event_id=payload.get("trigger_event_id"),
         run_version=event.version,
@@ -140,6 +142,17 @@ def project_pending(event: Event, replaying: bool) -> None:
         ).update(**changes)
         if not replaying:
             notify_due(event.tenant_id)
+    elif kind == et.RUN_MIGRATED:
+        # The suspension continues at the new version's step; its wait
+        # (deadline, match, keys, state) is the same wait.
+        WorkflowRunPending.objects.filter(
+            tenant_id=event.tenant_id, run_id=event.aggregate_id, step=event.payload["from_step"]
+        ).update(
+            step=event.payload["step"],
+            workflow_version=event.payload["workflow_version"],
+            definition_fingerprint=event.payload["definition_fingerprint"],
+            run_version=event.version,
+        )
     elif kind == et.RESUMED or kind in et.TERMINAL:
         if cleared:
             return  # the stream's previous event, in this transaction, deleted them

@@ -28,7 +28,18 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
     kind = event.type
     record = suspensions.for_event(kind)
     if record is not None:
-        return record.status_columns(payload, event.created_at)
+        fields = record.status_columns(payload, event.created_at)
+        if payload.get("workflow_version") is not None:
+            # A run started before versions were recorded learns its version
+            # from its first suspension written by an engine that records it.
+            fields["workflow_version"] = payload["workflow_version"]
+        return fields
+    if kind == et.RUN_MIGRATED:
+        return {
+            "step": payload["step"],
+            "definition_fingerprint": payload["definition_fingerprint"],
+            "workflow_version": payload["workflow_version"],
+        }
     if kind == et.WAKE_REQUESTED:
         return {"wake_at": event.created_at}
     if kind == et.RESUMED:
@@ -73,6 +84,8 @@ def project_run_status(event: Event, replaying: bool) -> None:
             run_id=event.aggregate_id,
             tenant_id=event.tenant_id,
             workflow_name=payload["workflow_name"],
+            # Absent from streams started before versions were recorded.
+            workflow_version=payload.get("workflow_version"),
             idempotency_key=str(payload.get("idempotency_key") or "")[:500],
             status=RunStatus.RUNNING,
             definition_fingerprint=payload["definition_fingerprint"],

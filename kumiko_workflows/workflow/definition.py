@@ -199,10 +199,11 @@ def parse_path(text: str) -> tuple[Any, ...]:
 def validate(workflow: Workflow) -> list[Problem]:
     """Every problem of a definition, as (check id, message, hint)."""
     problems: list[Problem] = []
-    name = workflow.name
+    # Name the version once there may be several.
+    name = repr(workflow.name) + (f" version {workflow.version}" if workflow.version > 1 else "")
 
     def add(check: str, message: str, hint: str = "") -> None:
-        problems.append(Problem(f"kumiko_workflows.{check}", f"workflow {name!r}: {message}", hint))
+        problems.append(Problem(f"kumiko_workflows.{check}", f"workflow {name}: {message}", hint))
 
     if not workflow.steps:
         add("E013", "has no steps", "Give define_workflow(steps=[...]) at least one step.")
@@ -248,6 +249,24 @@ def validate(workflow: Workflow) -> list[Problem]:
             seen[result_name] = where
         for check, message, hint in step.problems(workflow.awaits, path):
             add(check, message, hint)
+    for old, positions in sorted(workflow.migrates_from.items()):
+        for source, target in sorted(positions.items()):
+            try:
+                parse_path(source)
+            except ValueError:
+                add(
+                    "E014",
+                    f"migrates_from[{old}] maps {source!r}, which is not a step position",
+                    'Step positions are like "1" or "2.else.0" (see a run\'s step).',
+                )
+            if workflow.step_at(target) is None:
+                add(
+                    "E014",
+                    f"migrates_from[{old}] maps step {source} to {target!r}, which this version "
+                    "has no step at",
+                    "Map each step a run of the old version may wait at to the position of "
+                    "the same step in this version.",
+                )
     return problems
 
 
@@ -304,6 +323,7 @@ class Workflow:
         version: int = 1,
         commit: str = "batch",
         start: str = "inline",
+        migrates_from: Mapping[int, Mapping[str, str]] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -358,6 +378,11 @@ class Workflow:
         self.idempotency_key = idempotency_key
         self.awaits = awaits
         self.version = version
+        #: Explicit moves of suspended runs of older versions to this one:
+        #: {old version: {old step position: position in this version}}.
+        #: Applied only by ``migrate_workflow_runs``; not part of the
+        #: fingerprint, so adding it to a version that has runs strands none.
+        self.migrates_from = _migration_maps(name, version, migrates_from)
         self._steps_by_path = {path_text(p): s for p, s in iter_steps(self.steps)}
         self.step_fingerprints = self._step_fingerprints()
         self.fingerprint = _hash(self.step_fingerprints)
@@ -422,6 +447,36 @@ class Workflow:
         return ""
 
 
+def _migration_maps(
+    name: str, version: int, migrates_from: Mapping[int, Mapping[str, str]] | None
+) -> dict[int, dict[str, str]]:
+    """``migrates_from`` checked for shape; where its positions lead is :func:`validate`'s."""
+    where = f"workflow {name!r} version {version}: migrates_from"
+    if migrates_from is None:
+        return {}
+    if not isinstance(migrates_from, Mapping):
+        raise WorkflowDefinitionError(
+            f"{where} must map older versions to {{old step position: new step position}}, "
+            f"got {migrates_from!r}"
+        )
+    maps: dict[int, dict[str, str]] = {}
+    for old, positions in migrates_from.items():
+        if isinstance(old, bool) or not isinstance(old, int) or not 1 <= old < version:
+            raise WorkflowDefinitionError(
+                f"{where} names version {old!r}; give older versions of this workflow "
+                f"(integers from 1 to {version - 1})"
+            )
+        if not isinstance(positions, Mapping) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in positions.items()
+        ):
+            raise WorkflowDefinitionError(
+                f"{where}[{old}] must map step positions to step positions (strings such as "
+                f'"1" or "2.else.0"), got {positions!r}'
+            )
+        maps[old] = dict(positions)
+    return maps
+
+
 def _path_sort_key(path: str) -> tuple[Any, ...]:
     return tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in _safe_parse(path))
 
@@ -434,10 +489,15 @@ def _safe_parse(path: str) -> tuple[Any, ...]:
 
 
 class WorkflowRegistry:
-    """The process-wide set of workflow definitions, filled by autodiscovery."""
+    """The process-wide set of workflow definitions, filled by autodiscovery.
+
+    A name may be declared at several versions at once: new runs start on the
+    highest, and a run resumes on the version it started under (or was moved
+    to), so a deploy that adds a version strands no run of an older one.
+    """
 
     def __init__(self) -> None:
-        self._workflows: dict[str, Workflow] = {}
+        self._workflows: dict[str, dict[int, Workflow]] = {}
         self._by_trigger: dict[str, list[Workflow]] | None = None
         self._awaited: frozenset[str] | None = None
 
@@ -445,16 +505,21 @@ class WorkflowRegistry:
         self._by_trigger = None
         self._awaited = None
 
+    def _copy(self) -> dict[str, dict[int, Workflow]]:
+        return {name: dict(versions) for name, versions in self._workflows.items()}
+
     def register(self, workflow: Workflow) -> Workflow:
-        existing = self._workflows.get(workflow.name)
+        versions = self._workflows.setdefault(workflow.name, {})
+        existing = versions.get(workflow.version)
         if existing is not None:
             if existing.fingerprint == workflow.fingerprint:
                 return existing  # the same module imported again
             raise WorkflowDefinitionError(
-                f"a workflow named {workflow.name!r} is already defined; workflow names "
-                "must be unique"
+                f"a workflow named {workflow.name!r} is already defined at version "
+                f"{workflow.version}; a name and version define one workflow (declare a "
+                "changed definition under another version=, beside the old one)"
             )
-        self._workflows[workflow.name] = workflow
+        versions[workflow.version] = workflow
         self._changed()
         return workflow
 
@@ -465,27 +530,59 @@ class WorkflowRegistry:
         if not apps.ready:
             raise RegistryNotReady()
 
-    def get(self, name: str) -> Workflow | None:
+    def get(self, name: str, version: int | None = None) -> Workflow | None:
+        """The definition of ``name`` at ``version``; None: the highest (new runs start on it)."""
         self._check_ready()
-        return self._workflows.get(name)
+        versions = self._workflows.get(name)
+        if not versions:
+            return None
+        return versions[max(versions)] if version is None else versions.get(version)
+
+    def versions(self, name: str) -> list[Workflow]:
+        """Every declared version of ``name``, lowest first."""
+        self._check_ready()
+        return [w for _, w in sorted(self._workflows.get(name, {}).items())]
+
+    def of_run(self, name: str, version: int | None, fingerprint: str) -> Workflow | None:
+        """The definition a run resumes on, or None if the code no longer declares it.
+
+        ``version`` is the one the run's stream records. A run started before
+        versions were recorded (None) resumes on the declared version whose
+        fingerprint is the run's: the fingerprint covers the version.
+        """
+        if version is not None:
+            return self.get(name, version)
+        return next((w for w in self.versions(name) if w.fingerprint == fingerprint), None)
 
     def all(self) -> list[Workflow]:
+        """The highest version of each workflow, by name: the ones new runs start on."""
         self._check_ready()
-        return sorted(self._workflows.values(), key=lambda w: w.name)
+        return [versions[max(versions)] for _, versions in sorted(self._workflows.items())]
+
+    def every_version(self) -> list[Workflow]:
+        """Every declared definition, by name and version."""
+        self._check_ready()
+        return [w for name in sorted(self._workflows) for w in self.versions(name)]
 
     def triggered_by(self, event_type: str) -> list[Workflow]:
+        """The workflows an event of ``event_type`` starts, each at its highest version."""
         if self._by_trigger is None:
             index: dict[str, list[Workflow]] = {}
-            for workflow in self._workflows.values():
+            for versions in self._workflows.values():
+                workflow = versions[max(versions)]
                 if isinstance(workflow.trigger, EventTrigger):
                     index.setdefault(workflow.trigger.event_type, []).append(workflow)
             self._by_trigger = index
         return self._by_trigger.get(event_type, [])
 
     def is_awaited(self, event_type: str) -> bool:
+        """Whether a run of any declared version may wait for ``event_type``."""
         if self._awaited is None:
             self._awaited = frozenset(
-                t for workflow in self._workflows.values() for t in workflow.awaits.values()
+                t
+                for versions in self._workflows.values()
+                for workflow in versions.values()
+                for t in workflow.awaits.values()
             )
         return event_type in self._awaited
 
@@ -496,12 +593,16 @@ class WorkflowRegistry:
     def override(self, *workflows: Workflow) -> Iterator[None]:
         """Swap in definitions for the duration of a block (tests, deploy drills).
 
-        Build them with ``define_workflow(..., register=False)``.
+        Each name given is declared at exactly the versions given for it
+        (``override(v2)`` alone is a deploy that removed v1). Build them with
+        ``define_workflow(..., register=False)``.
         """
-        saved = dict(self._workflows)
+        saved = self._copy()
         try:
+            given: dict[str, dict[int, Workflow]] = {}
             for workflow in workflows:
-                self._workflows[workflow.name] = workflow
+                given.setdefault(workflow.name, {})[workflow.version] = workflow
+            self._workflows.update(given)
             self._changed()
             yield
         finally:
@@ -510,8 +611,8 @@ class WorkflowRegistry:
 
     @contextmanager
     def without(self, *names: str) -> Iterator[None]:
-        """Hide definitions for the duration of a block (an undeployed workflow)."""
-        saved = dict(self._workflows)
+        """Hide definitions, every version, for the duration of a block (an undeployed workflow)."""
+        saved = self._copy()
         try:
             for name in names:
                 self._workflows.pop(name, None)
@@ -535,21 +636,28 @@ def define_workflow(
     *,
     commit: str = "batch",
     start: str = "inline",
+    migrates_from: Mapping[int, Mapping[str, str]] | None = None,
     register: bool = True,
 ) -> Workflow:
-    """Define a workflow and register it under ``name``.
+    """Define a workflow and register it under ``name`` and ``version``.
 
-    Raises :class:`WorkflowDefinitionError` naming the first problem (with its
+    Several versions of one name may be declared at once: new runs start on
+    the highest, a run resumes on its own. Raises
+    :class:`WorkflowDefinitionError` naming the first problem (with its
     system check id). ``commit="per_run"`` makes workers commit right after each
     resume of this workflow's runs (for steps with side effects outside the
     database); the default shares a commit with other runs.
     ``start="worker"`` queues each new run for a worker instead of running
     its first steps in the transaction that appended the trigger (see
-    :func:`kumiko_workflows.start_in_worker` for one call). Pass
-    ``register=False`` to build a definition without registering it (for
-    :meth:`WorkflowRegistry.override`).
+    :func:`kumiko_workflows.start_in_worker` for one call).
+    ``migrates_from={1: {"1": "2"}}`` says where a run of version 1 waiting
+    at step 1 may continue in this version, for ``migrate_workflow_runs``
+    (nothing moves until that runs). Pass ``register=False`` to build a
+    definition without registering it (for :meth:`WorkflowRegistry.override`).
     """
-    workflow = Workflow(name, trigger, steps, idempotency_key, awaits, version, commit, start)
+    workflow = Workflow(
+        name, trigger, steps, idempotency_key, awaits, version, commit, start, migrates_from
+    )
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:
         first = problems[0]

@@ -1,8 +1,9 @@
 """``manage.py workflow_status [--tenant T] [--failed] [--json]``.
 
-Counts of runs by workflow and status, the pending rows and the oldest due
-one with its lag (how long it has waited for a worker), and with ``--failed``
-the failed runs with their reason and step.
+Counts of runs by workflow and status, the runs in flight per workflow and
+version, the pending rows and the oldest due one with its lag (how long it
+has waited for a worker), and with ``--failed`` the failed runs with their
+reason and step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.management.arguments import positive_int
 from kumiko_workflows.models import RunStatus, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import humanize, step_label
+from kumiko_workflows.operations.versions import VersionRow, version_lines, version_table
 
 
 def status_report(
@@ -54,6 +56,7 @@ def status_report(
         "now": now.isoformat(),
         "tenant": tenant,
         "workflows": dict(sorted(workflows.items())),
+        "in_flight": [row.as_dict() for row in version_table(tenant) if row.in_flight],
         "pending": {"total": pending.count(), "due": due.count(), "oldest_due": oldest_due},
     }
     report["cron"] = cron_schedules(tenant, now)
@@ -67,7 +70,8 @@ def status_report(
                 "idempotency_key": run.idempotency_key,
                 "reason": run.failure_reason,
                 "step": run.step,
-                "step_label": step_label(run.workflow_name, run.step),
+                "workflow_version": run.workflow_version,
+                "step_label": step_label(run.workflow_name, run.step, run.workflow_version),
                 "error_class": run.error_class,
                 "failed_at": run.finished_at.isoformat() if run.finished_at else None,
             }
@@ -145,6 +149,7 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(report, indent=2))
             return
         self._print_counts(report)
+        self._print_versions(report)
         self._print_pending(report)
         if "failed" in report:
             self._print_failed(report["failed"])
@@ -162,6 +167,20 @@ class Command(BaseCommand):
         for name, counts in report["workflows"].items():
             cells = "".join(f"{counts.get(c, 0):>11}" for c in columns)
             self.stdout.write("  " + name.ljust(width) + cells)
+
+    def _print_versions(self, report: dict[str, Any]) -> None:
+        if not report["in_flight"]:
+            return
+        self.stdout.write(self.style.MIGRATE_HEADING("Runs in flight by version"))
+        rows = [VersionRow(**row) for row in report["in_flight"]]
+        for line in version_lines(rows):
+            self.stdout.write("  " + line)
+        if any(row.stranded for row in rows):
+            self.stdout.write(
+                self.style.WARNING(
+                    "  runs that would fail at resume: see `manage.py workflow_versions --check`"
+                )
+            )
 
     def _print_pending(self, report: dict[str, Any]) -> None:
         pending = report["pending"]
