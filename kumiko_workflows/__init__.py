@@ -25,6 +25,7 @@ _EXPORTS = {
     "event_types": "kumiko_workflows.event_types",
     "append_event": "kumiko_workflows.store.events",
     "load_stream": "kumiko_workflows.store.events",
+    "stream_id_for": "kumiko_workflows.store.events",
     "WorkflowError": "kumiko_workflows.exceptions",
     "InvalidEvent": "kumiko_workflows.exceptions",
     "StreamIdentityError": "kumiko_workflows.exceptions",
@@ -94,6 +95,7 @@ __all__ = [
     "run_id_for",
     "start_in_worker",
     "steps",
+    "stream_id_for",
     "wake_run",
 ]
 
@@ -133,7 +135,7 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowDefinitionError,
         WorkflowError,
     )
-    from kumiko_workflows.store.events import append_event, load_stream
+    from kumiko_workflows.store.events import append_event, load_stream, stream_id_for
     from kumiko_workflows.workflow.definition import define_workflow, on_cron, on_event, run_id_for
 
 

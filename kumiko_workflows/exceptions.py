@@ -95,3 +95,11 @@ class ScheduleError(WorkflowError):
 
 class InvalidArgument(WorkflowError, ValueError):
     """An argument is invalid."""
+
+
+class WorkerAlreadyRunning(WorkflowError):
+    """Another resume worker is already running on this SQLite database.
+
+    SQLite lets one transaction write at a time, so a second worker would only
+    wait for the first one's lock and fail its runs with "database is locked".
+    """

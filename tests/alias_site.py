@@ -77,7 +77,7 @@ worker = subprocess.Popen(
 try:
     deadline = time.monotonic() + 60
     line = ""
-    while "resumed=" not in line and time.monotonic() < deadline:
+    while "listen=on" not in line and time.monotonic() < deadline:
         line = worker.stdout.readline() if worker.stdout else ""
     appended = time.monotonic()
     append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "u-alias"})

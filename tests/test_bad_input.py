@@ -379,7 +379,8 @@ OTHER_ARGUMENTS = {
     ),
     "aggregate_id a huge integer": (
         {"aggregate_id": -(10**5000)},
-        "aggregate_id must be a UUID, got an integer of about 5000 digits",
+        "aggregate_id must be a UUID or a saved model instance, got an integer of about "
+        "5000 digits",
     ),
     "created_by a long list": (
         {"created_by": ["x"] * 100},

@@ -1,4 +1,4 @@
-"""What ``pip install .`` ships: the engine, and no benchmark.
+"""What ``pip install .`` ships: the engine, no benchmark, and complete metadata.
 
 ``pip install .`` builds this wheel and unpacks it, so its file list is what
 a user's site gets. The build runs on a copy of the checkout (setuptools
@@ -13,6 +13,8 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
+from email.message import Message
+from email.parser import Parser
 
 import pytest
 
@@ -84,3 +86,53 @@ def test_no_shipped_module_refers_to_the_benchmark(wheel: zipfile.ZipFile) -> No
         if name.endswith(".py") and b"kumiko_bench" in wheel.read(name)
     ]
     assert referring == []
+
+
+def test_the_wheel_ships_the_admin_templates(wheel: zipfile.ZipFile) -> None:
+    templates = [name for name in wheel.namelist() if name.endswith(".html")]
+    assert "kumiko_workflows/templates/admin/kumiko_workflows/workflowrun/change_form.html" in (
+        templates
+    )
+    shipped = {
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / "kumiko_workflows" / "templates").rglob("*.html")
+    }
+    assert set(templates) == shipped
+    assert not [name for name in wheel.namelist() if "__pycache__" in name]
+
+
+def _metadata(wheel: zipfile.ZipFile) -> Message:
+    (name,) = (name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
+    return Parser().parsestr(wheel.read(name).decode())
+
+
+def test_the_wheel_metadata_is_complete(wheel: zipfile.ZipFile) -> None:
+    metadata = _metadata(wheel)
+
+    assert metadata["Name"] == "kumiko-workflows"
+    assert metadata["Version"]
+    assert metadata["Summary"].startswith("Durable, event-sourced workflows for Django")
+    assert metadata["Author"] == "The kumiko_workflows authors"
+    assert metadata["Requires-Python"] == ">=3.11"
+    # The licence: an SPDX expression, and the file itself in the wheel.
+    assert metadata["License-Expression"] == "MIT"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    (licence,) = (name for name in wheel.namelist() if name.endswith(".dist-info/licenses/LICENSE"))
+    assert wheel.read(licence).decode() == (REPO / "LICENSE").read_text()
+    classifiers = metadata.get_all("Classifier")
+    for expected in (
+        "Development Status :: 3 - Alpha",
+        "Framework :: Django",
+        "Framework :: Django :: 5.2",
+        "Intended Audience :: Developers",
+        "Programming Language :: Python :: 3.11",
+        "Typing :: Typed",
+    ):
+        assert expected in classifiers
+    urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL"))
+    assert set(urls) == {"Homepage", "Source", "Changelog", "Issues"}
+    assert all(url.startswith("https://") for url in urls.values())
+    assert "postgres" in metadata.get_all("Provides-Extra")
+    # The long description is the README, shown as Markdown.
+    assert metadata["Description-Content-Type"] == "text/markdown"
+    assert metadata.get_payload().strip() == (REPO / "README.md").read_text().strip()

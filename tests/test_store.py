@@ -11,6 +11,8 @@ import textwrap
 import time
 import uuid
 from datetime import UTC, date, datetime, timedelta, timezone
+from datetime import time as time_of_day
+from decimal import Decimal
 from types import MappingProxyType
 
 import pytest
@@ -157,7 +159,7 @@ def test_load_stream_returns_one_stream_in_version_order():
     assert [e.version for e in events] == [1, 2, 3, 4, 5]
     assert [e.payload["n"] for e in events] == [0, 1, 2, 3, 4]
     assert load_stream(new_stream()) == []
-    with pytest.raises(InvalidEvent, match="aggregate_id must be a UUID"):
+    with pytest.raises(InvalidEvent, match="aggregate_id must be a UUID or a saved model"):
         load_stream("nope")
 
 
@@ -217,9 +219,12 @@ BAD_INPUT = {
     ),
     "aggregate id not a UUID": (
         {"aggregate_id": "order-17"},
-        "aggregate_id must be a UUID, got 'order-17'",
+        "aggregate_id must be a UUID or a saved model instance, got 'order-17'",
     ),
-    "aggregate id an int": ({"aggregate_id": 17}, "aggregate_id must be a UUID, got 17"),
+    "aggregate id an int": (
+        {"aggregate_id": 17},
+        "aggregate_id must be a UUID or a saved model instance, got 17: an integer is not",
+    ),
     "payload a list": (
         {"payload": [1, 2]},
         r"payload must be a JSON object \(a dict\), got list",
@@ -230,6 +235,14 @@ BAD_INPUT = {
         r"payload\['items'\]\[2\] is a Opaque, which is not JSON-serialisable",
     ),
     "set": ({"payload": {"tags": {"a"}}}, r"payload\['tags'\] is a set"),
+    "Decimal NaN": (
+        {"payload": {"x": [Decimal("NaN")]}},
+        r"payload\['x'\]\[0\] is Decimal\('NaN'\), which JSON cannot hold",
+    ),
+    "aware time": (
+        {"payload": {"x": time_of_day(9, tzinfo=UTC)}},
+        r"payload\['x'\] is a time with a time zone",
+    ),
     "bytes": ({"payload": {"raw": b"x"}}, r"payload\['raw'\] is a bytes"),
     "NaN": ({"payload": {"x": float("nan")}}, r"payload\['x'\] is nan, which JSON cannot hold"),
     "infinity": (

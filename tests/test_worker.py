@@ -74,7 +74,7 @@ def test_arguments_are_validated():
 
 def test_sigterm_while_idle_exits_0_at_once():
     worker = start_worker("--interval", "300")
-    wait_for_line(worker, "resume_due_runs: resumed=0")  # first pass done: now idle
+    wait_for_line(worker, "resume_due_runs: worker started")  # idle: nothing is due
 
     sent = time.monotonic()
     worker.send_signal(signal.SIGTERM)
@@ -133,7 +133,7 @@ def test_notify_wakes_the_worker_before_its_interval():
     run_id = run_id_for("t-event", event.payload["run_key"])
     worker = start_worker("--interval", "300")
     try:
-        wait_for_line(worker, "resume_due_runs: resumed=0")  # idle, listening
+        wait_for_line(worker, "listen=on")  # started, and listening
 
         appended = time.monotonic()
         append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "u-notify"})
@@ -155,7 +155,7 @@ def test_a_run_queued_by_a_request_starts_in_a_listening_worker_at_once():
 
     worker = start_worker("--interval", "300")
     try:
-        wait_for_line(worker, "resume_due_runs: resumed=0")  # idle, listening
+        wait_for_line(worker, "listen=on")  # started, and listening
         appended = time.monotonic()
         event = trigger("t.start-in-worker")
         run_id = run_id_for("t-start-in-worker", event.payload["run_key"])

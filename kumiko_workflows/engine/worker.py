@@ -6,6 +6,11 @@ and on PostgreSQL it also LISTENs on ``KUMIKO_WORKFLOWS['NOTIFY_CHANNEL']``,
 which the projections NOTIFY (at commit) whenever a row becomes due now, so
 a woken run starts well under a second later. The first SIGTERM/SIGINT lets
 the current run finish and the worker exit 0; a second exits 1 at once.
+
+On SQLite, which lets one transaction write at a time, a worker (a loop or
+a single pass) holds an OS lock on a file beside the database, and a second
+one is refused at once (:class:`WorkerAlreadyRunning`) instead of failing
+its runs with "database is locked".
 """
 
 from __future__ import annotations
@@ -15,11 +20,17 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no lock (nor signals, nor select)
+    fcntl = None  # type: ignore[assignment]
 
 from django.db import DatabaseError, InterfaceError, close_old_connections
 from django.db.models import Min
@@ -28,6 +39,7 @@ from django.utils import timezone
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.cron import fire_due_schedules
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
+from kumiko_workflows.exceptions import WorkerAlreadyRunning
 from kumiko_workflows.models import WorkflowRunPending
 from kumiko_workflows.store import db
 
@@ -49,8 +61,82 @@ class PassResult:
     def errors(self) -> int:
         return self.report.errors + self.cron_errors
 
+    @property
+    def idle(self) -> bool:
+        """Nothing happened that this worker did: no run resumed or failed, no error, no slot.
+
+        Rows another worker took first (``skipped``) are not this worker's work.
+        """
+        report = self.report
+        return not (report.resumed or report.failed or self.errors or self.fired)
+
     def __str__(self) -> str:
         return f"{self.report} fired={self.fired}"
+
+
+#: The lock file beside a SQLite database: ``<database file>`` + this.
+LOCK_SUFFIX = ".kumiko-worker.lock"
+
+
+class WorkerLock:
+    """An exclusive OS lock (``flock``) on ``path``, naming the holder's pid.
+
+    The kernel drops the lock when its holder exits, however it exits, so a
+    killed worker leaves no stale lock: the file stays, and only the lock on
+    it counts (the file is never deleted, which would let two processes lock
+    two files of one name).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`WorkerAlreadyRunning` naming the holder."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            database = self.path.removesuffix(LOCK_SUFFIX)
+            raise WorkerAlreadyRunning(
+                f"another resume worker (pid {holder}) is running on the SQLite database "
+                f"{database}; SQLite allows one at a time: stop it first, or use PostgreSQL "
+                "for several workers"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)  # no pid of a worker that is gone
+            os.close(self.fd)  # (which drops the lock)
+            self.fd = None
+
+
+@contextmanager
+def exclusive() -> Iterator[None]:
+    """Hold the SQLite database's worker lock for the block (nothing where writers overlap)."""
+    path = None if db.overlapping_writers() or fcntl is None else db.database_file()
+    if path is None:
+        yield
+        return
+    lock = WorkerLock(path + LOCK_SUFFIX)
+    try:
+        lock.acquire()
+    except FileNotFoundError:
+        pass  # no folder, so no database either: its own error says so, on first use
+    except PermissionError as exc:
+        logger.warning("cannot lock %s (%s); not checking for another worker", lock.path, exc)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class Listener:
@@ -113,6 +199,7 @@ class Worker:
         max_runs: int | None = None,
         cron: bool = True,
         on_pass: Callable[[PassResult], None] | None = None,
+        on_start: Callable[[str], None] | None = None,
     ) -> None:
         self.tenants = list(tenants or [])
         self.limit = limit
@@ -122,12 +209,53 @@ class Worker:
         self.max_runs = max_runs
         self.cron = cron
         self.on_pass = on_pass or (lambda result: None)
+        self.on_start = on_start or (lambda line: None)
         self.stopping = False
-        self.processed = 0
+        #: What every pass of this worker did, added up.
+        self.totals = ResumeReport()
+        self.fired = 0
+        self.passes = 0
         self.errors = 0
         self._wakeup_r: int | None = None
 
+    @property
+    def handled(self) -> int:
+        """Runs this worker moved on: each ended completed, suspended or failed.
+
+        Not rows another worker took first (``skipped``), nor rows whose
+        resume raised (``errors``: they are still due, and counted again).
+        """
+        totals = self.totals
+        return totals.completed + totals.suspended + totals.failed
+
+    def describe(self, listening: str) -> str:
+        """The worker's start line: where it works and how (no user, no password)."""
+        batch = int(workflow_settings.BATCH_SIZE)
+        batches = (
+            "batch_size=1 (a commit per run)"
+            if batch <= 1
+            else f"batch_size={batch} batch_seconds={float(workflow_settings.BATCH_SECONDS):g}"
+        )
+        return " ".join(
+            [
+                f"pid={os.getpid()}",
+                db.described(),
+                f"tenants={','.join(self.tenants) or 'all'}",
+                f"interval={self.interval:g}s",
+                f"listen={listening}",
+                f"cron={'on' if self.cron else 'off'}",
+                batches,
+                f"limit={self.limit or 'none'}",
+                f"max_runs={self.max_runs or 'none'}",
+            ]
+        )
+
     # -- one pass ----------------------------------------------------------------
+
+    def run_single_pass(self, now: datetime | None = None) -> PassResult:
+        """One pass as a worker of its own: on SQLite, refused while another one runs."""
+        with exclusive():
+            return self.run_once(now)
 
     def run_once(self, now: datetime | None = None) -> PassResult:
         fired = cron_errors = 0
@@ -143,7 +271,7 @@ class Worker:
                 cron_errors = 1
         limit = self.limit
         if self.max_runs is not None:
-            left = self.max_runs - self.processed
+            left = self.max_runs - self.handled
             limit = left if limit is None else min(limit, left)
         report = ResumeReport()
         tenants: list[str | None] = [*self.tenants] or [None]
@@ -157,7 +285,9 @@ class Worker:
                 should_stop=lambda: self.stopping,
             )
             report.add(part)
-        self.processed += report.processed
+        self.totals.add(report)
+        self.fired += fired
+        self.passes += 1
         self.errors += report.errors
         self.errors += cron_errors
         result = PassResult(report, fired, cron_errors)
@@ -167,12 +297,18 @@ class Worker:
     # -- the loop ------------------------------------------------------------------
 
     def run_forever(self) -> None:
-        if not db.overlapping_writers():
-            logger.warning("SQLite allows one resume worker at a time; do not start a second one")
+        """Run passes until signalled (or ``max_runs``); refused on SQLite while another runs."""
+        with exclusive():
+            self._loop()
+
+    def _loop(self) -> None:
         self._install_signals()
-        listener = Listener() if db.engine().vendor == "postgresql" else None
+        listener = Listener() if db.listens() else None
+        listening = "off"
         if listener is not None:
-            listener.connect()  # before the first pass: no NOTIFY is missed after it
+            # Before the first pass: no NOTIFY is missed after it.
+            listening = "on" if listener.connect() else "retrying"
+        self.on_start(self.describe(listening))
         backoff = 1.0
         try:
             while not self.stopping and not self._done():
@@ -210,7 +346,7 @@ class Worker:
             self._restore_signals()
 
     def _done(self) -> bool:
-        return self.max_runs is not None and self.processed >= self.max_runs
+        return self.max_runs is not None and self.handled >= self.max_runs
 
     def _sleep_seconds(self) -> float:
         now = timezone.now()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from argparse import ArgumentTypeError
+from datetime import datetime
 
 
 def positive_int(text: str) -> int:
@@ -25,4 +26,17 @@ def positive_float(text: str) -> float:
         raise ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not (value > 0 and math.isfinite(value)):
         raise ArgumentTypeError(f"{text!r}: must be greater than 0")
+    return value
+
+
+def aware_instant(text: str) -> datetime:
+    """An ISO 8601 instant with a UTC offset (or ``Z``)."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 instant (e.g. 2030-01-01T09:00:00+00:00)"
+        ) from None
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ArgumentTypeError(f"{text!r} has no UTC offset; give one, e.g. {text}+00:00")
     return value

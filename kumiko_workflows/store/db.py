@@ -12,6 +12,7 @@ Capability flags stand for the databases' differences, so engine code asks
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -81,6 +82,42 @@ def overlapping_writers() -> bool:
     other write can be in flight: a wake-up decided inside it is final.
     """
     return engine().vendor != "sqlite"
+
+
+def listens() -> bool:
+    """Whether a worker can LISTEN for rows that become due (PostgreSQL's NOTIFY)."""
+    return engine().vendor == "postgresql"
+
+
+def database_file() -> str | None:
+    """The file the engine's database is, if one file on this host holds it (SQLite).
+
+    None for a server (PostgreSQL) and for an in-memory SQLite database,
+    which no other process can open.
+    """
+    db = engine()
+    if db.vendor != "sqlite" or db.is_in_memory_db():  # type: ignore[attr-defined]
+        return None
+    name = str(db.settings_dict["NAME"])
+    if name.startswith("file:"):  # a URI filename (OPTIONS "uri": True)
+        name = name.removeprefix("file:").split("?", 1)[0]
+    return os.path.abspath(name)
+
+
+def described() -> str:
+    """The engine's database for a worker's start line: alias, vendor, where.
+
+    Never a user or a password: the line goes to logs others read.
+    """
+    db = engine()
+    settings = db.settings_dict
+    if db.vendor == "sqlite":
+        where = f"file={database_file() or 'memory'}"
+    else:
+        host = settings.get("HOST") or "local socket"
+        port = settings.get("PORT")
+        where = f"name={settings.get('NAME')} host={host}{f':{port}' if port else ''}"
+    return f"database={alias()} vendor={db.vendor} {where}"
 
 
 def has_payload_containment() -> bool:
@@ -204,6 +241,8 @@ def claim_due(
 
     sql = statement(("claim_due", len(skip)), build)
     with engine().cursor() as cursor:
+        if not chained:
+            _take_write_lock(cursor)
         cursor.execute(sql, [tenant_id, now, *skip])
         found = cursor.fetchone()
         if found is not None and not chained:
@@ -218,6 +257,23 @@ def claim_due(
     row = _rows_of(WorkflowRunPending, found[:width])
     trigger = None if found[width] is None else _rows_of(Event, found[width:])
     return row, trigger
+
+
+def _take_write_lock(cursor: CursorWrapper) -> None:
+    """Take SQLite's write lock now, with a write that touches no row.
+
+    A transaction that reads first and writes later cannot wait for the lock
+    another process's write holds: SQLite fails it at once with "database is
+    locked" (waiting could deadlock). Taking the lock first waits instead,
+    up to the connection's ``timeout``. (Once it is held, this is a no-op.)
+    """
+    cursor.execute(
+        statement(
+            ("write_lock",),
+            lambda: f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
+            "WHERE id = -1",
+        )
+    )
 
 
 # --- appending events ---------------------------------------------------------

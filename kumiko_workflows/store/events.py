@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
-from django.db.models import Field, Max, Subquery
+from django.db.models import Field, Max, Model, Subquery
 from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import event_types as et
@@ -68,6 +68,35 @@ def engine_stream() -> Iterator[None]:
         _engine_writing.reset(token)
 
 
+#: The namespace of model instances' stream ids. Fixed for ever: the stream
+#: id of a row must never change, and anyone may compute it elsewhere.
+MODEL_STREAM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/model-instance")
+
+
+def stream_id_for(instance: Model) -> uuid.UUID:
+    """The stream id of a model instance: the same for the same row, always.
+
+    ``uuid5(MODEL_STREAM_NAMESPACE, "<app_label>.<model_name>:<pk>")`` with
+    the concrete model's lower-case label (a proxy shares its model's
+    streams) and the primary key as its field reads it back (``42``, a
+    UUID's canonical text). ``append_event`` and ``load_stream`` take the
+    instance itself and use this. Raises :class:`InvalidEvent` for anything
+    but a model instance with a primary key (an unsaved one has none).
+    """
+    if not isinstance(instance, Model):
+        raise InvalidEvent(f"stream_id_for takes a model instance, got {_shown(instance)}")
+    meta = (instance._meta.concrete_model or type(instance))._meta
+    pk = instance.pk
+    # A composite key's parts are joined as they are; a single key is read
+    # back through its field, so "42" and 42 name one stream.
+    parts = pk if isinstance(pk, tuple) else (None if pk is None else meta.pk.to_python(pk),)
+    if None in parts:
+        raise InvalidEvent(
+            f"a {meta.label} without a primary key names no stream: save it first"
+        )
+    return uuid.uuid5(MODEL_STREAM_NAMESPACE, f"{meta.label_lower}:" + "\x1f".join(map(str, parts)))
+
+
 def _as_uuid(value: Any) -> uuid.UUID:
     if isinstance(value, uuid.UUID):
         return value
@@ -76,7 +105,17 @@ def _as_uuid(value: Any) -> uuid.UUID:
             return uuid.UUID(value)
         except ValueError:
             pass
-    raise InvalidEvent(f"aggregate_id must be a UUID, got {_shown(value)}")
+    elif isinstance(value, Model):
+        return stream_id_for(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        raise InvalidEvent(
+            f"aggregate_id must be a UUID or a saved model instance, got {_shown(value)}: "
+            "an integer is not a stream id; pass the model instance itself (its stream id "
+            "is kumiko_workflows.stream_id_for(instance)), or a UUID of your own"
+        )
+    raise InvalidEvent(
+        f"aggregate_id must be a UUID or a saved model instance, got {_shown(value)}"
+    )
 
 
 def _shown(value: Any) -> str:
@@ -169,7 +208,7 @@ def _json_object(value: Any, what: str) -> tuple[dict[str, Any], str]:
 
 
 def append_event(
-    aggregate_id: uuid.UUID | str,
+    aggregate_id: uuid.UUID | str | Model,
     aggregate_type: str,
     type: str,
     payload: Mapping[str, Any] | None,
@@ -184,7 +223,9 @@ def append_event(
 ) -> Event:
     """Append one event to a stream and project it; return the saved row.
 
-    The event gets ``expected_version + 1``, or the stream's next version when
+    ``aggregate_id`` is a UUID (or its text), or a saved model instance,
+    whose stream id is :func:`stream_id_for`. The event gets
+    ``expected_version + 1``, or the stream's next version when
     ``expected_version`` is None. Raises :class:`VersionConflict` if that
     version is already taken and :class:`InvalidEvent` for bad input; in both
     cases nothing is written. The stream's first event fixes its tenant and
@@ -509,8 +550,8 @@ def _version_conflict(event: Event, expected_version: int | None) -> VersionConf
     )
 
 
-def load_stream(aggregate_id: uuid.UUID | str, tenant_id: str | None = None) -> list[Event]:
-    """All events of one stream, in version order.
+def load_stream(aggregate_id: uuid.UUID | str | Model, tenant_id: str | None = None) -> list[Event]:
+    """All events of one stream (a UUID, its text, or a saved model instance), in version order.
 
     A stream lives in one tenant. ``tenant_id`` names it; None means the
     tenant of the stream's first event. Events another tenant wrote with the

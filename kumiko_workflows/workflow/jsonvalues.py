@@ -3,6 +3,16 @@
 Errors name the key path of the offending value (``payload['items'][2]``) so a
 caller sees at once what to fix. What is refused is what some supported
 database would refuse or change, so that SQLite and PostgreSQL store alike.
+
+Django's own values are encoded as ``DjangoJSONEncoder`` encodes them
+(``Decimal``, ``UUID`` and lazy text as strings, dates and times in ISO 8601,
+``timedelta`` as an ISO 8601 duration), with three differences, each to keep
+a guarantee: datetimes and times keep their microseconds and their offset as
+``isoformat()`` writes it (the encoder cuts to milliseconds and writes UTC as
+``Z``: the value would no longer read back as the instant stored, and events
+appended before would no longer equal new ones); a naive datetime is refused
+(the encoder writes it without an offset, an instant nobody can place); a
+``Decimal`` NaN or infinity is refused, as a float one is.
 """
 
 from __future__ import annotations
@@ -12,8 +22,12 @@ import math
 import re
 import uuid
 from collections.abc import Mapping
-from datetime import date, datetime
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
+
+from django.utils.duration import duration_iso_string
+from django.utils.functional import Promise
 
 MAX_DEPTH = 64
 
@@ -47,10 +61,12 @@ class _Refused(Exception):
 def to_json(value: Any, where: str) -> Any:
     """Return ``value`` as plain JSON types, or raise :class:`NotJSON`.
 
-    Aware datetimes become ISO 8601 strings and UUIDs strings; naive datetimes,
-    NaN/infinity, integers beyond 64 bits (:data:`MIN_INT`, :data:`MAX_INT`),
-    text with NUL or lone surrogates, non-string keys and any other object are
-    refused.
+    Aware datetimes, dates and naive times become ISO 8601 strings, timedeltas
+    ISO 8601 durations (``P0DT01H00M00S``), and ``Decimal``, ``UUID`` and lazy
+    translations strings (see the module docstring); naive datetimes, aware
+    times, NaN/infinity (float or ``Decimal``), integers beyond 64 bits
+    (:data:`MIN_INT`, :data:`MAX_INT`), text with NUL or lone surrogates,
+    non-string keys and any other object are refused.
     """
     if type(value) is dict:
         flat = _flat(value)
@@ -137,6 +153,24 @@ def _clean(value: Any, depth: int) -> Any:
         return value.isoformat()
     if isinstance(value, uuid.UUID):
         return str(value)
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise _Refused(f"is Decimal({str(value)!r}), which JSON cannot hold")
+        return str(value)
+    if isinstance(value, time):
+        if value.tzinfo is not None:
+            # As DjangoJSONEncoder: a zone's offset depends on the day, so a
+            # time of day in a zone is no instant (and isoformat() would drop
+            # a ZoneInfo without a word).
+            raise _Refused(
+                f"is a time with a time zone ({value.replace(tzinfo=None).isoformat()} in "
+                f"{value.tzinfo}); store the naive time, or an aware datetime"
+            )
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return duration_iso_string(value)
+    if isinstance(value, Promise):  # a lazy translation: its text, checked as text
+        return _clean(str(value), depth)
     raise _Refused(f"is a {type(value).__name__}, which is not JSON-serialisable")
 
 

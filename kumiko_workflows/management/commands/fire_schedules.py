@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from argparse import ArgumentTypeError
 from datetime import datetime
 from typing import Any
 
@@ -10,16 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from kumiko_workflows.engine.cron import fire_due_schedules
-
-
-def aware_instant(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise ArgumentTypeError(f"{text!r} is not an ISO 8601 instant") from None
-    if value.tzinfo is None:
-        raise ArgumentTypeError(f"{text!r} has no UTC offset; give one, e.g. {text}+00:00")
-    return value
+from kumiko_workflows.management.arguments import aware_instant
 
 
 class Command(BaseCommand):

@@ -10,7 +10,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError
 
 from kumiko_workflows.engine.worker import PassResult, Worker
-from kumiko_workflows.management.arguments import positive_float, positive_int
+from kumiko_workflows.exceptions import WorkerAlreadyRunning
+from kumiko_workflows.management.arguments import aware_instant, positive_float, positive_int
 
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
@@ -53,7 +54,20 @@ class Command(BaseCommand):
             "--max-runs",
             type=positive_int,
             metavar="N",
-            help="With --loop, exit 0 after processing N runs (to recycle workers).",
+            help=(
+                "With --loop, exit 0 once N runs were completed, suspended again or failed "
+                "(to recycle workers)."
+            ),
+        )
+        parser.add_argument(
+            "--now",
+            type=aware_instant,
+            metavar="ISO",
+            help=(
+                "One pass as if it were this instant, with a UTC offset "
+                "(e.g. 2030-01-01T09:00:00+00:00): resume what is due then and fire the cron "
+                "slots due then, for tests and rehearsals. Not with --loop."
+            ),
         )
         parser.add_argument(
             "--no-cron",
@@ -82,10 +96,20 @@ class Command(BaseCommand):
 
     def _run(self, options: dict[str, Any]) -> None:
         verbosity = options["verbosity"]
+        if options["loop"] and options["now"] is not None:
+            raise CommandError(
+                "--now makes one pass at a fixed instant; a --loop worker runs on the clock"
+            )
+
+        def started(line: str) -> None:
+            if verbosity >= 1:
+                self.stdout.write(f"resume_due_runs: worker started {line}")
 
         def report(result: PassResult) -> None:
-            busy = result.report.processed or result.fired
-            if verbosity >= 2 or (verbosity >= 1 and (busy or not options["loop"])):
+            # A one-shot pass always says what it did; a loop worker only when it
+            # did something (or at -v 3), so an idle worker's log stays quiet.
+            shown = not options["loop"] or not result.idle or verbosity >= 3
+            if verbosity >= 1 and shown:
                 self.stdout.write(f"resume_due_runs: {result}")
             if result.report.errors:
                 self.stderr.write(
@@ -102,16 +126,25 @@ class Command(BaseCommand):
             max_runs=options["max_runs"] if options["loop"] else None,
             cron=options["cron"],
             on_pass=report,
+            on_start=started,
         )
         if options["loop"]:
-            worker.run_forever()
+            try:
+                worker.run_forever()
+            except WorkerAlreadyRunning as exc:
+                raise CommandError(str(exc)) from exc
             if verbosity >= 1:
-                self.stdout.write(f"resume_due_runs: stopped after {worker.processed} run(s)")
+                self.stdout.write(
+                    f"resume_due_runs: stopped after {worker.passes} pass(es): "
+                    f"{worker.totals} fired={worker.fired}"
+                )
             if worker.errors:
                 raise CommandError(f"the worker met {worker.errors} error(s); see the log")
             return
         try:
-            result = worker.run_once()
+            result = worker.run_single_pass(now=options["now"])
+        except WorkerAlreadyRunning as exc:
+            raise CommandError(str(exc)) from exc
         except (DatabaseError, InterfaceError) as exc:
             raise CommandError(f"the database is unavailable: {exc}".strip()) from exc
         if result.errors:
