@@ -499,3 +499,28 @@ def test_look_back_ignores_other_tenants_and_events_before_the_trigger(past):
 
     append_event(uuid.uuid4(), "test", "r.done", {"key": key})
     assert resume_due_runs().completed == 1
+
+
+# --- what a failed retry says ----------------------------------------------------------
+
+
+def test_a_failed_retry_records_the_attempt_its_error_text_names(now):
+    event, run_id = start("t.retry", fail_attempts=5)
+    for minutes in (10, 20):
+        resume_due_runs(now=now + timedelta(minutes=minutes))
+
+    failed = run_events(run_id)[-1]
+    assert failed.type == et.RUN_FAILED
+    assert failed.payload["error"] == "step 0 (retry): attempt 3 of 3 failed with FlakyError"
+    assert (failed.payload["attempt"], failed.payload["max_attempts"]) == (3, 3)
+    # The status row said 2 (the last scheduled attempt) before failures named theirs.
+    assert WorkflowRun.objects.get(run_id=run_id).retry_attempt == 3
+
+
+def test_a_failure_outside_a_retry_has_no_attempt():
+    event = trigger("t.fail")
+    run_id = run_id_for("t-fail", event.payload["run_key"], "default")
+
+    failed = run_events(run_id)[-1].payload
+    assert (failed["attempt"], failed["max_attempts"]) == (0, 0)
+    assert WorkflowRun.objects.get(run_id=run_id).retry_attempt == 0

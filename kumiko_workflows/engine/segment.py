@@ -222,7 +222,9 @@ class Executor:
             self.ctx.retry_attempt = 1
         return None
 
-    def retried(self, path: tuple[Any, ...], failure: Any, why: str) -> Exception:
+    def retried(
+        self, path: tuple[Any, ...], failure: Any, why: str, attempt: int, times: int
+    ) -> Exception:
         return Failure(
             failure.reason,
             path_text(path),
@@ -230,6 +232,8 @@ class Executor:
             error_class=failure.error_class,
             detail=failure.detail,
             exc=failure.exc,
+            attempt=attempt,
+            max_attempts=times,
         )
 
     def note_retry(

@@ -40,13 +40,16 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
     if kind == et.RUN_COMPLETED:
         return _settled(RunStatus.COMPLETED, event)
     if kind == et.RUN_FAILED:
-        return _settled(
+        failed = _settled(
             RunStatus.FAILED,
             event,
             step=payload.get("step") or "",
             failure_reason=payload.get("reason", ""),
             error_class=payload.get("error_class", ""),
         )
+        if "attempt" in payload:  # older failures do not say: the column stays as it was
+            failed["retry_attempt"] = payload["attempt"] or 0
+        return failed
     if kind == et.RUN_CANCELLED:
         return _settled(RunStatus.CANCELLED, event)
     return None

@@ -161,6 +161,9 @@ class Failure(Exception):
     error_class: str = ""
     detail: str = ""  # raw text: log and WorkflowRun.last_error only
     exc: BaseException | None = field(default=None, repr=False)
+    #: The attempt of a retry that failed last, and how many it had (0: not a retry's).
+    attempt: int = 0
+    max_attempts: int = 0
 
     def __post_init__(self) -> None:
         Exception.__init__(self, self.message)
@@ -201,6 +204,8 @@ def fail_run(
             "reason": failure.reason,
             "error": failure.message,
             "error_class": failure.error_class,
+            "attempt": failure.attempt,
+            "max_attempts": failure.max_attempts,
             "retry_from": retry_from,
             "state": state or {"results": {}, "awaited": {}},
         },
