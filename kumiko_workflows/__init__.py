@@ -45,6 +45,9 @@ _EXPORTS = {
     "rerun_run": "kumiko_workflows.engine.resume",
     "retry_run": "kumiko_workflows.engine.resume",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
+    "pause_schedule": "kumiko_workflows.engine.cron",
+    "resume_schedule": "kumiko_workflows.engine.cron",
+    "fire_schedule_now": "kumiko_workflows.engine.cron",
 }
 
 __all__ = [
@@ -68,11 +71,14 @@ __all__ = [
     "define_workflow",
     "event_types",
     "fire_due_schedules",
+    "fire_schedule_now",
     "load_stream",
     "on_cron",
     "on_event",
+    "pause_schedule",
     "rerun_run",
     "resume_due_runs",
+    "resume_schedule",
     "retry_run",
     "run_id_for",
     "steps",
@@ -81,7 +87,12 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from kumiko_workflows import event_types, steps
-    from kumiko_workflows.engine.cron import fire_due_schedules
+    from kumiko_workflows.engine.cron import (
+        fire_due_schedules,
+        fire_schedule_now,
+        pause_schedule,
+        resume_schedule,
+    )
     from kumiko_workflows.engine.resume import (
         cancel_run,
         rerun_run,

@@ -422,7 +422,10 @@ def fail_opened(
 def _idempotency_key(workflow: Workflow, event: Event) -> str:
     if isinstance(workflow.trigger, CronTrigger):
         # A cron run is keyed by its slot instant (kumiko_workflows.cron), so
-        # schedulers that fire the same slot address the same run.
+        # schedulers that fire the same slot address the same run; a run
+        # fired outside the slots, by the key its caller gave.
+        if event.type == event_types.SCHEDULE_FIRED_NOW:
+            return str(event.payload["idempotency_key"])
         return str(event.payload["slot"])
     key = workflow.idempotency_key
     if key is None:
