@@ -666,6 +666,7 @@ def test_fire_now_starts_one_run_per_key_and_moves_no_slot():
     run = WorkflowRun.objects.get(run_id=run_id)
     # It ran its first step inline (it reads the slot from ctx.event) and waits an hour.
     assert (run.status, run.trigger_event_id) == ("waiting", first.id)
+    assert run.search_key == "now:press-1"
     assert run_events(run_id)[0].payload["trigger_event_id"] == first.id
     # A manual fire is not a slot: the schedule stays paused, its last slot unchanged.
     for key in ("paused", "last_slot", "next_slot", "started_at"):

@@ -67,6 +67,14 @@ def _settled(status: str, event: Event, **fields: Any) -> dict[str, Any]:
     }
 
 
+def _search_key(payload: dict[str, Any]) -> str:
+    # A workflow without search_key (and every run started before there were
+    # search keys: migration 0008 gave their rows the same) is searched by
+    # its idempotency key.
+    key = payload["search_key"] if "search_key" in payload else payload.get("idempotency_key")
+    return str(key or "")[:200]
+
+
 def project_run_status(event: Event, replaying: bool) -> None:
     if not is_run_event(event):
         return
@@ -77,6 +85,7 @@ def project_run_status(event: Event, replaying: bool) -> None:
             tenant_id=event.tenant_id,
             workflow_name=payload["workflow_name"],
             idempotency_key=str(payload.get("idempotency_key") or "")[:500],
+            search_key=_search_key(payload),
             status=RunStatus.RUNNING,
             definition_fingerprint=payload["definition_fingerprint"],
             trigger_event_id=payload.get("trigger_event_id"),

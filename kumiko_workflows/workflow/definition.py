@@ -300,6 +300,7 @@ class Workflow:
         awaits: Mapping[str, str] | None = None,
         version: int = 1,
         commit: str = "batch",
+        search_key: Callable[[Any], Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -314,6 +315,11 @@ class Workflow:
         ):
             raise WorkflowDefinitionError(
                 f"workflow {name!r}: idempotency_key must be a string, a callable or None"
+            )
+        if search_key is not None and not callable(search_key):
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: search_key must be a callable (event -> str) or None, "
+                f"got {search_key!r}"
             )
         if commit not in COMMIT_MODES:
             raise WorkflowDefinitionError(
@@ -345,6 +351,9 @@ class Workflow:
         self.trigger = trigger
         self.steps = _step_list(steps, f"workflow {name!r}: steps")
         self.idempotency_key = idempotency_key
+        #: ``event -> str``: what the admin's search finds a run by. Not in the
+        #: fingerprint: it changes no step, so changing it strands no run.
+        self.search_key = search_key
         self.awaits = awaits
         self.version = version
         self._steps_by_path = {path_text(p): s for p, s in iter_steps(self.steps)}
@@ -523,6 +532,7 @@ def define_workflow(
     version: int = 1,
     *,
     commit: str = "batch",
+    search_key: Callable[[Any], Any] | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name``.
@@ -530,11 +540,15 @@ def define_workflow(
     Raises :class:`WorkflowDefinitionError` naming the first problem (with its
     system check id). ``commit="per_run"`` makes workers commit right after each
     resume of this workflow's runs (for steps with side effects outside the
-    database); the default shares a commit with other runs. Pass
+    database); the default shares a commit with other runs. ``search_key``
+    (``event -> str``, at most 200 characters) is what the admin's search
+    finds a run by, e.g. an order number; without it, the idempotency key. Pass
     ``register=False`` to build a definition without registering it (for
     :meth:`WorkflowRegistry.override`).
     """
-    workflow = Workflow(name, trigger, steps, idempotency_key, awaits, version, commit)
+    workflow = Workflow(
+        name, trigger, steps, idempotency_key, awaits, version, commit, search_key=search_key
+    )
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:
         first = problems[0]
