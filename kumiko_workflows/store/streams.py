@@ -35,6 +35,21 @@ INVALID_MATCH = "invalid_match"
 INVALID_PENDING_ROW = "invalid_pending_row"
 INTERNAL_ERROR = "internal_error"
 RESUME_FAILED_REPEATEDLY = "resume_failed_repeatedly"
+#: Every reason above, in the order the admin's filter lists them.
+FAILURE_REASONS = (
+    STEP_FAILED,
+    INVALID_STEP_ARGUMENT,
+    INVALID_STEP_RESULT,
+    FILTER_FAILED,
+    IDEMPOTENCY_KEY_FAILED,
+    DEFINITION_CHANGED,
+    TRIGGER_EVENT_UNAVAILABLE,
+    AWAITED_EVENT_UNAVAILABLE,
+    INVALID_MATCH,
+    INVALID_PENDING_ROW,
+    INTERNAL_ERROR,
+    RESUME_FAILED_REPEATEDLY,
+)
 
 #: (run id, first version, last version) of events about to be appended
 #: whose stream has no pending rows (nor wait keys) for sure: the run's
