@@ -55,6 +55,9 @@ _EXPORTS = {
     "acancel_run": "kumiko_workflows.aio",
     "aappend_event": "kumiko_workflows.aio",
     "migrate_workflow_runs": "kumiko_workflows.engine.versions",
+    "pause_schedule": "kumiko_workflows.engine.cron",
+    "resume_schedule": "kumiko_workflows.engine.cron",
+    "fire_schedule_now": "kumiko_workflows.engine.cron",
 }
 
 __all__ = [
@@ -85,12 +88,15 @@ __all__ = [
     "define_workflow",
     "event_types",
     "fire_due_schedules",
+    "fire_schedule_now",
     "load_stream",
     "migrate_workflow_runs",
     "on_cron",
     "on_event",
+    "pause_schedule",
     "rerun_run",
     "resume_due_runs",
+    "resume_schedule",
     "retry_run",
     "run_id_for",
     "start_in_worker",
@@ -109,7 +115,12 @@ if TYPE_CHECKING:  # pragma: no cover
         await_run_finished,
         awake_run,
     )
-    from kumiko_workflows.engine.cron import fire_due_schedules
+    from kumiko_workflows.engine.cron import (
+        fire_due_schedules,
+        fire_schedule_now,
+        pause_schedule,
+        resume_schedule,
+    )
     from kumiko_workflows.engine.resume import (
         cancel_run,
         rerun_run,

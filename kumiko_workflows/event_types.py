@@ -29,8 +29,20 @@ RUN_MIGRATED = "workflow.run-migrated"
 SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
 SCHEDULE_SLOT_FIRED = "workflow.schedule.slot-fired"
+#: Someone paused a cron schedule: its slots do not fire, then or later.
+SCHEDULE_PAUSED = "workflow.schedule.paused"
+#: Someone resumed a paused schedule: the slots after this instant fire again.
+SCHEDULE_RESUMED = "workflow.schedule.resumed"
+#: Someone fired a schedule outside its slots; that run uses this event as its trigger.
+SCHEDULE_FIRED_NOW = "workflow.schedule.fired-now"
 
-SCHEDULE_EVENTS = (SCHEDULE_STARTED, SCHEDULE_SLOT_FIRED)
+SCHEDULE_EVENTS = (
+    SCHEDULE_STARTED,
+    SCHEDULE_SLOT_FIRED,
+    SCHEDULE_PAUSED,
+    SCHEDULE_RESUMED,
+    SCHEDULE_FIRED_NOW,
+)
 SUSPENSIONS = (WAITING, WAITING_FOR_EVENT, RETRY_SCHEDULED, RERUN_REQUESTED, RUN_QUEUED)
 TERMINAL = (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
 RUN_EVENTS = (

@@ -136,6 +136,13 @@ class WorkflowRun(models.Model):
         "or was moved to. Empty: started before runs recorded their version.",
     )
     idempotency_key = models.CharField(max_length=500, blank=True, default="")
+    search_key = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="What the admin's search finds the run by: the workflow's search_key(event), "
+        "else its idempotency key.",
+    )
     status = models.CharField(max_length=16, choices=RunStatus.choices)
     step = models.CharField(max_length=200, blank=True, default="")
     suspension_type = models.CharField(
@@ -160,11 +167,24 @@ class WorkflowRun(models.Model):
         indexes = [
             models.Index(fields=["tenant_id", "status", "updated_at"], name="kw_run_tenant_status"),
             models.Index(fields=["tenant_id", "workflow_name"], name="kw_run_tenant_workflow"),
+            # The runs an event started (the admin's link from an event to its runs).
+            models.Index(fields=["tenant_id", "trigger_event_id"], name="kw_run_trigger_event"),
+            # The admin's search by business key. It leads with the key, not
+            # tenant_id: a superuser searches across tenants, and an index led
+            # by tenant_id could not serve that. Runs without a key cost nothing.
+            models.Index(
+                fields=["search_key", "tenant_id"],
+                condition=~Q(search_key=""),
+                name="kw_run_search_key",
+            ),
         ]
         permissions = [
             ("wake_workflowrun", "Can wake a waiting workflow run now"),
             ("cancel_workflowrun", "Can cancel a workflow run"),
             ("rerun_workflowrun", "Can rerun a failed workflow run"),
+            # Cron schedules have no table of their own: their permissions live here.
+            ("pause_schedule", "Can pause and resume a cron schedule"),
+            ("fire_schedule", "Can fire a cron schedule now"),
         ]
 
     def __str__(self) -> str:

@@ -107,8 +107,11 @@ class Execution(Protocol):
     def resumed_attempt(self, path: Path) -> int:
         """The attempt to run at ``path``: the one a resume starts at, else 1."""
 
-    def retried(self, path: Path, failure: Any, why: str) -> Exception:
-        """The failure that ends the retry at ``path`` after ``failure`` (``why``: how)."""
+    def retried(self, path: Path, failure: Any, why: str, attempt: int, times: int) -> Exception:
+        """The failure that ends the retry at ``path`` after ``failure`` (``why``: how).
+
+        ``attempt`` is the attempt that failed last, of ``times``.
+        """
 
     def note_retry(self, path: Path, attempt: int, times: int, failure: Any, delay: Any) -> None:
         """Log a failed attempt that will be retried, and keep its raw error on the run."""
@@ -371,7 +374,7 @@ class Retry(Step):
         given_up = failure.exc is not None and isinstance(failure.exc, self.give_up_on)
         if given_up or attempt >= times:
             why = "gave up on" if given_up else f"attempt {attempt} of {times} failed with"
-            raise execution.retried(path, failure, why)
+            raise execution.retried(path, failure, why, attempt, times)
         factor = attempt if backoff == "linear" else 2 ** (attempt - 1)
         delay = base * factor
         if cap is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html as html_module
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -13,6 +15,7 @@ from django.utils import timezone
 from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.store.streams import FAILURE_REASONS
 from kumiko_workflows.workflow.definition import registry
 from tests.conftest import trigger, types_of
 from tests.testapp import workflows as w
@@ -203,7 +206,7 @@ def test_wake_now_appends_a_wake_request_and_the_worker_resumes_the_run(client, 
 
     assert response.status_code == 302
     texts = messages_of(client.get(response["Location"]))
-    assert "Woke 1 run: the next worker pass resumes them." in texts
+    assert "Woke 1 run: the next worker pass resumes it." in texts
     assert "Skipped 1 run: not waiting." in texts
     wake = Event.objects.get(aggregate_id=run.run_id, type=et.WAKE_REQUESTED)
     assert wake.payload["by"] == "admin:root"
@@ -220,7 +223,7 @@ def test_a_button_on_the_run_page_returns_to_the_run_page(client, root, future_i
 
     assert response.status_code == 302 and response["Location"] == change_url(run)
     page = client.get(response["Location"])
-    assert "Woke 1 run: the next worker pass resumes them." in messages_of(page)
+    assert "Woke 1 run: the next worker pass resumes it." in messages_of(page)
     assert "Due</th><td>yes, for" in page.content.decode()
 
 
@@ -263,9 +266,8 @@ def test_rerun_reenters_the_failed_step(client, root):
     response = post_action(client, "rerun_failed", failed)
 
     assert (
-        "Rerun requested for 1 run: the next worker pass runs each from where its failed "
-        "attempt began."
-        in messages_of(client.get(response["Location"]))
+        "Rerun requested for 1 run: the next worker pass runs it from where its failed "
+        "attempt began." in messages_of(client.get(response["Location"]))
     )
     rerun = Event.objects.get(aggregate_id=failed.run_id, type=et.RERUN_REQUESTED)
     assert rerun.payload["step"] == "0" and rerun.payload["by"] == "admin:root"
@@ -575,3 +577,349 @@ def test_the_old_retry_permission_is_renamed_in_place_and_its_grants_kept():
         assert list(group.permissions.values_list("codename", flat=True)) == ["rerun_workflowrun"]
     finally:
         call_command("migrate", "kumiko_workflows", verbosity=0)
+
+
+# --- the admin across runs ---------------------------------------------------------------
+
+
+def page_text(response):
+    """What a reader sees: the HTML without scripts, styles and tags."""
+    html = re.sub(r"<(script|style)\b.*?</\1>", "", response.content.decode(), flags=re.S)
+    return html_module.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)))
+
+
+def test_the_run_list_has_a_failure_column_and_a_filter_on_it(client, root, future_iso):
+    failed = start("t.fail")
+    waiting = start("t.wait", **{"for": future_iso})
+
+    listing = client.get(reverse(RUNS))
+    filtered = client.get(reverse(RUNS), {"failure_reason": "step_failed"})
+    other = client.get(reverse(RUNS), {"failure_reason": "invalid_match"})
+
+    assert "failure" in [header["text"] for header in listing.context["result_headers"]]
+    assert "step_<wbr>failed" in listing.content.decode()
+    (failure_filter,) = [
+        f for f in listing.context["cl"].filter_specs if f.title == "failure reason"
+    ]
+    offered = [choice["display"] for choice in failure_filter.choices(listing.context["cl"])]
+    assert offered == ["All", *FAILURE_REASONS]
+    assert [run.pk for run in filtered.context["cl"].result_list] == [failed.pk]
+    assert list(other.context["cl"].result_list) == []
+    assert waiting.pk in [run.pk for run in listing.context["cl"].result_list]
+
+
+def order_number(event):
+    return f"order-{event.payload['order']}"
+
+
+shop = define_workflow(
+    name="t-shop",
+    trigger=on_event("t.shop"),
+    idempotency_key=w.run_key,
+    search_key=order_number,
+    steps=[steps.wait(w.payload_value("for", "PT1H"))],
+    register=False,
+)
+
+
+def test_search_finds_a_run_by_its_search_key_or_its_shortened_id(client, root, future_iso):
+    with registry.override(shop):
+        trigger("t.shop", order=1234)
+        other = trigger("t.shop", order=12345)
+    run = WorkflowRun.objects.get(search_key="order-1234")
+    pending = WorkflowRunPending.objects.get(run_id=run.run_id)
+
+    def found(url, term):
+        return [row.pk for row in client.get(reverse(url), {"q": term}).context["cl"].result_list]
+
+    assert found(RUNS, "order-1234") == [run.pk]  # exactly: not order-12345 too
+    assert found(RUNS, "order-123") == []
+    assert found(RUNS, other.payload["run_key"]) == []  # t-shop's runs go by their search key
+    assert found(RUNS, str(run.run_id)) == [run.pk]
+    assert found(RUNS, str(run.run_id)[:8]) == [run.pk]  # what the list shows
+    assert found(RUNS, str(run.run_id).upper()) == [run.pk]
+    assert found(PENDING, str(run.run_id)[:8]) == [pending.pk]
+    assert found(PENDING, "order-1234") == []
+    started = Event.objects.get(aggregate_id=run.run_id, version=1)
+    assert started.pk in found(EVENTS, str(run.run_id)[:8])
+    assert found(EVENTS, f"#{started.pk}") == [started.pk]
+
+
+def test_lists_show_short_ids_whole_in_the_text_and_times_with_their_zone(client, root, future_iso):
+    run = start("t.wait", **{"for": future_iso})
+
+    for url in (RUNS, PENDING, EVENTS):
+        html = client.get(reverse(url)).content.decode()
+        # Cut to 8 characters on screen only: hovering and copying give the whole id.
+        assert re.search(f'class="kw-id"[^>]* title="{run.run_id}">{run.run_id}</', html), url
+    listing = client.get(reverse(RUNS))
+    headers = [header["text"] for header in listing.context["result_headers"]]
+    assert "updated (UTC)" in headers
+    page = client.get(change_url(run)).content.decode()
+    started = WorkflowRun.objects.get(pk=run.pk).started_at
+    assert f"{started:%Y-%m-%d %H:%M:%S} UTC" in page
+
+
+def test_a_tenant_column_only_when_there_is_more_than_one_tenant(client, root, future_iso):
+    start("t.wait", **{"for": future_iso})
+    alone = [h["text"] for h in client.get(reverse(RUNS)).context["result_headers"]]
+    start("t.wait", tenant="acme", **{"for": future_iso})
+    both = client.get(reverse(RUNS))
+    events = [h["text"] for h in client.get(reverse(EVENTS)).context["result_headers"]]
+
+    assert "workflow" in alone and "workflow (tenant)" not in alone
+    assert "workflow (tenant)" in [h["text"] for h in both.context["result_headers"]]
+    assert '<div class="kw-tenant">acme</div>' in both.content.decode()
+    assert "tenant id" in events
+
+
+def test_the_pending_list_says_due_or_not_yet_in_words(client, root, future_iso):
+    start("t.wait", **{"for": future_iso})
+    due = start("t.wait", **{"for": future_iso})
+    wake = post_action(client, "wake_now", due)
+    assert wake.status_code == 302
+    start("t.signed-up", user_id="u-1", timeout=None)
+
+    listing = client.get(reverse(PENDING))
+    texts = {
+        str(row.run_id): listing.context["cl"].model_admin.due(row)
+        for row in listing.context["cl"].result_list
+    }
+
+    html = listing.content.decode()
+    assert "icon-no" not in html and "icon-yes" not in html
+    assert texts[str(due.run_id)].startswith("due, for ")
+    assert sorted(texts.values())[-1].startswith("on the event")
+    assert any(text.startswith("not yet: in 59 min") for text in texts.values())
+
+
+def test_wake_and_rerun_messages_say_it_for_one_run_and_them_for_more(client, root, future_iso):
+    runs = [start("t.wait", **{"for": future_iso}) for _ in range(2)]
+    failed = [start("t.fail") for _ in range(2)]
+
+    woke_two = messages_of(client.get(post_action(client, "wake_now", *runs)["Location"]))
+    rerun_two = messages_of(client.get(post_action(client, "rerun_failed", *failed)["Location"]))
+
+    assert woke_two == ["Woke 2 runs: the next worker pass resumes them."]
+    assert rerun_two == [
+        "Rerun requested for 2 runs: the next worker pass runs each from where its failed "
+        "attempt began."
+    ]
+
+
+def test_no_page_shows_a_literal_backtick(client, root, future_iso):
+    waiting = start("t.wait", **{"for": future_iso})
+    due = start("t.wait", **{"for": future_iso})
+    post_action(client, "wake_now", due)
+    orphan = start("t.wait", **{"for": future_iso})
+    WorkflowRunPending.objects.filter(run_id=orphan.run_id).delete()
+    pending = WorkflowRunPending.objects.filter(run_id=waiting.run_id).first()
+
+    for url in (
+        reverse(RUNS),
+        reverse(EVENTS),
+        reverse(PENDING),
+        change_url(waiting),
+        change_url(due),
+        change_url(orphan),
+        reverse("admin:kumiko_workflows_workflowrunpending_change", args=[pending.pk]),
+    ):
+        assert "`" not in page_text(client.get(url)), url
+    assert "the next resume_due_runs pass resumes it" in page_text(client.get(change_url(due)))
+
+
+def test_a_retry_shows_its_attempt_as_its_error_text_counts_it(client, root):
+    run = start("t.retry", fail_attempts=5)
+
+    waiting = page_text(client.get(change_url(run)))
+    assert "Last error (attempt 1 of 3)" in waiting
+    assert "attempt 1 of 3 failed with FlakyError; attempt 2 at" in waiting
+    assert "attempt 1 of 3 failed; attempt 2 is next" in waiting  # the Failure fieldset
+
+    for minutes in (10, 20):
+        resume_due_runs(now=timezone.now() + timedelta(minutes=minutes))
+    failed = page_text(client.get(change_url(run)))
+    assert "attempt 3 of 3 failed with FlakyError" in failed  # the error text
+    assert "Last error (attempt 3 of 3)" in failed
+    assert "Attempt 3 of 3: the retry gave up" in failed
+    assert "Retry attempt: attempt 3 of 3 failed" in failed
+    assert "runs attempt 2" in failed and "runs attempt 3" in failed  # the timeline
+
+
+def test_timeline_details_open_onto_the_whole_payload(client, root):
+    long_id = "u-" + "x" * 300
+    run = start("t.signed-up", user_id=long_id, timeout="P2D")
+
+    html = client.get(change_url(run)).content.decode()
+    entries = client.get(change_url(run)).context["kw_timeline"]
+
+    waiting = next(item["entry"] for item in entries if item["entry"].type == et.WAITING_FOR_EVENT)
+    assert long_id in waiting.summary  # the words are not cut either
+    assert "<details><summary>" in html
+    assert html_module.escape(f'"value": "{long_id}"', quote=True) in html  # the whole JSON
+    assert "…" not in waiting.summary
+
+
+def test_a_run_page_links_its_trigger_and_awaited_events_and_they_link_back(client, root):
+    run = start("t.signed-up", user_id="u-7", timeout="P2D")
+    verified = trigger("t.verified", user_id="u-7")
+    trigger_event = Event.objects.get(pk=WorkflowRun.objects.get(pk=run.pk).trigger_event_id)
+    event_url = reverse("admin:kumiko_workflows_event_change", args=[trigger_event.pk])
+    verified_url = reverse("admin:kumiko_workflows_event_change", args=[verified.pk])
+
+    page = client.get(change_url(run))
+    html = page.content.decode()
+    assert f'<a href="{event_url}">#{trigger_event.pk} t.signed-up,' in html  # fieldset and box
+    awaited = [link for label, link in page.context["kw_related"] if label == "Awaited event"]
+    assert [str(link).split(",")[0] for link in awaited] == [
+        f'<a href="{verified_url}">#{verified.pk} t.verified'
+    ]
+    started_page = client.get(event_url).content.decode()
+    assert "started: " in started_page and change_url(run) in started_page
+    woke_page = client.get(verified_url).content.decode()
+    assert "woke: " in woke_page and change_url(run) in woke_page
+    unrelated = trigger("t.unrelated")
+    none_page = client.get(reverse("admin:kumiko_workflows_event_change", args=[unrelated.pk]))
+    assert "it started no run and woke none" in none_page.content.decode()
+
+
+# --- cron schedules in the admin ------------------------------------------------------------
+
+
+SCHEDULES = "admin:kumiko_workflows_workflowrun_schedule"
+
+
+def schedule_post(client, op, workflow, tenant="default", **extra):
+    return client.post(
+        reverse(SCHEDULES), {"op": op, "workflow": workflow, "tenant": tenant, **extra}
+    )
+
+
+def schedule_events(workflow, tenant="default"):
+    from kumiko_workflows.engine.cron import schedule_id
+
+    stream = Event.objects.filter(aggregate_id=schedule_id(workflow.name, tenant))
+    return list(stream.order_by("version"))
+
+
+def test_a_schedule_is_paused_resumed_and_fired_from_the_run_list(client, root):
+    from kumiko_workflows import fire_due_schedules
+    from tests.testapp import cron_workflows as cw
+
+    with registry.override(cw.nightly_berlin):
+        fire_due_schedules()
+        listing = client.get(reverse(RUNS))
+        (row,) = listing.context["kw_schedules"]
+        html = listing.content.decode()
+        assert 'value="Pause"' in html and 'value="Fire now"' in html
+        # Forms of their own, before the list's form for the actions (forms do not nest).
+        assert html.index('id="kw-cron-schedules"') < html.index('id="changelist-form"')
+        # Its times are in its own zone, which they name (CET or CEST).
+        assert re.search(r"\d\d:30:00 CES?T", row["next_slot_text"])
+
+        paused = schedule_post(client, "pause", cw.nightly_berlin.name)
+        paused_page = client.get(paused["Location"])
+        resumed = schedule_post(client, "resume", cw.nightly_berlin.name)
+        resumed_messages = messages_of(client.get(resumed["Location"]))
+        fired = schedule_post(client, "fire", cw.nightly_berlin.name, key=row["fire_key"])
+        fired_messages = messages_of(client.get(fired["Location"]))
+        twice = schedule_post(client, "fire", cw.nightly_berlin.name, key=row["fire_key"])
+        twice_messages = messages_of(client.get(twice["Location"]))
+
+    assert paused.status_code == 302 and paused["Location"].endswith("#kw-cron-schedules")
+    assert messages_of(paused_page)[0].startswith(f"Paused {cw.nightly_berlin.name} (tenant")
+    assert "paused since " in page_text(paused_page) and "by admin:root" in page_text(paused_page)
+    assert 'value="Resume"' in paused_page.content.decode()
+    assert resumed_messages == [
+        f"Resumed {cw.nightly_berlin.name} (tenant default): its slots from now on fire."
+    ]
+    run_id = run_id_for(cw.nightly_berlin.name, f"now:{row['fire_key']}", "default")
+    assert fired_messages[0].startswith(f"Fired {cw.nightly_berlin.name} (tenant default) now")
+    assert str(run_id) in fired_messages[0]
+    assert "nothing fired again" in twice_messages[0]
+    types = [event.type for event in schedule_events(cw.nightly_berlin)]
+    assert types == [
+        et.SCHEDULE_STARTED,
+        et.SCHEDULE_PAUSED,
+        et.SCHEDULE_RESUMED,
+        et.SCHEDULE_FIRED_NOW,
+    ]
+    assert {event.payload.get("by") for event in schedule_events(cw.nightly_berlin)[1:]} == {
+        "admin:root"
+    }
+    assert WorkflowRun.objects.get(run_id=run_id).workflow_name == cw.nightly_berlin.name
+    # The event page of the fire links the run it started.
+    fire_event = schedule_events(cw.nightly_berlin)[-1]
+    fire_page = client.get(reverse("admin:kumiko_workflows_event_change", args=[fire_event.pk]))
+    assert change_url(WorkflowRun.objects.get(run_id=run_id)) in fire_page.content.decode()
+
+
+@pytest.mark.parametrize(
+    "op, needed",
+    [("pause", "pause_schedule"), ("resume", "pause_schedule"), ("fire", "fire_schedule")],
+)
+def test_schedule_buttons_need_their_permission(client, django_user_model, op, needed):
+    from kumiko_workflows import fire_due_schedules, pause_schedule
+    from tests.testapp import cron_workflows as cw
+
+    others = {"pause_schedule", "fire_schedule"} - {needed}
+    client.force_login(make_user(django_user_model, "sam", *VIEW_PERMS, *others))
+    with registry.override(cw.hourly_skip):
+        fire_due_schedules()
+        if op == "resume":
+            pause_schedule(cw.hourly_skip.name)
+        before = len(schedule_events(cw.hourly_skip))
+        html = client.get(reverse(RUNS)).content.decode()
+        refused = schedule_post(client, op, cw.hourly_skip.name, key="k")
+
+    assert refused.status_code == 403
+    assert len(schedule_events(cw.hourly_skip)) == before
+    label = {"pause": 'value="Pause"', "resume": 'value="Resume"', "fire": 'value="Fire now"'}
+    assert label[op] not in html
+    assert WorkflowRun.objects.filter(workflow_name=cw.hourly_skip.name).count() == 0
+
+
+def test_tenant_scoped_staff_act_only_on_their_tenants_schedule(client, django_user_model):
+    from kumiko_workflows import fire_due_schedules
+    from tests.testapp import cron_workflows as cw
+
+    perms = ("pause_schedule", "fire_schedule")
+    client.force_login(make_user(django_user_model, "alice", *VIEW_PERMS, *perms, tenant="acme"))
+    with override_cron_tenants("tests.test_admin.two_tenants"), registry.override(cw.hourly_skip):
+        fire_due_schedules()
+        mine = schedule_post(client, "pause", cw.hourly_skip.name, tenant="acme")
+        theirs = schedule_post(client, "pause", cw.hourly_skip.name, tenant="globex")
+        fired = schedule_post(client, "fire", cw.hourly_skip.name, tenant="globex", key="k")
+        texts = messages_of(client.get(theirs["Location"]))
+        messages_of(client.get(fired["Location"]))
+
+    assert mine.status_code == theirs.status_code == 302
+    assert [e.type for e in schedule_events(cw.hourly_skip, "acme")][-1] == et.SCHEDULE_PAUSED
+    assert [e.type for e in schedule_events(cw.hourly_skip, "globex")] == [et.SCHEDULE_STARTED]
+    assert "No such cron schedule." in texts
+    assert not WorkflowRun.objects.filter(tenant_id="globex").exists()
+
+
+def test_a_schedule_action_for_no_schedule_is_refused_plainly(client, root):
+    response = schedule_post(client, "pause", "t-wait")
+
+    assert messages_of(client.get(response["Location"])) == ["No such cron schedule."]
+    assert client.get(reverse(SCHEDULES)).status_code == 302  # GET changes nothing
+    assert schedule_post(client, "explode", "t-wait").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0008_adds_the_schedule_permissions():
+    from django.core.management import call_command
+
+    try:
+        call_command("migrate", "kumiko_workflows", "0007", verbosity=0)
+        call_command("migrate", "kumiko_workflows", verbosity=0)
+        codenames = set(
+            Permission.objects.filter(content_type__app_label="kumiko_workflows").values_list(
+                "codename", flat=True
+            )
+        )
+    finally:
+        call_command("migrate", "kumiko_workflows", verbosity=0)
+    assert {"pause_schedule", "fire_schedule"} <= codenames

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -16,15 +17,18 @@ from django.db import connection
 from kumiko_workflows import (
     define_workflow,
     fire_due_schedules,
+    fire_schedule_now,
     on_cron,
+    pause_schedule,
     resume_due_runs,
+    resume_schedule,
     run_id_for,
     steps,
 )
 from kumiko_workflows import event_types as et
 from kumiko_workflows.checks import check_workflows
 from kumiko_workflows.engine.cron import schedule_id, schedule_overview
-from kumiko_workflows.exceptions import ScheduleError, WorkflowDefinitionError
+from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, WorkflowDefinitionError
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.workflow.definition import CronTrigger, Workflow, registry
 from tests.conftest import REPO, run_events, subprocess_env, types_of
@@ -591,3 +595,136 @@ def test_two_scheduler_processes_firing_one_slot_start_one_run(tmp_path):
         run_id_for(cw.every_five_minutes.name, "2030-01-01T00:05:00+00:00", "default")
     ]
     assert runs[0].status == "completed"
+
+
+# --- pause, resume, fire now ------------------------------------------------------------
+
+
+def schedule_types(workflow, tenant: str = "default") -> list[str]:
+    stream = Event.objects.filter(aggregate_id=schedule_id(workflow.name, tenant))
+    return [event.type for event in stream.order_by("version")]
+
+
+@pytest.mark.django_db
+def test_a_paused_schedule_fires_no_slot_and_never_the_ones_it_missed():
+    """Paused at 01:30 with catch_up="all": 02:00-04:00 never fire, 05:00 (after resume) does."""
+    with registry.override(cw.hourly_all):
+        fire_due_schedules(now=at(START))
+        assert fire_due_schedules(now=at("2030-01-01T01:00:30+00:00")) == 1
+        assert pause_schedule(cw.hourly_all.name, by="ops", now=at("2030-01-01T01:30:00+00:00"))
+        assert not pause_schedule(cw.hourly_all.name, now=at("2030-01-01T01:31:00+00:00"))
+        for moment in ("02:00:30", "03:00:30", "04:00:30"):
+            assert fire_due_schedules(now=at(f"2030-01-01T{moment}+00:00")) == 0
+        paused = {r["workflow_name"]: r for r in schedule_overview(now=at(START))}
+        assert resume_schedule(cw.hourly_all.name, by="ops", now=at("2030-01-01T04:10:00+00:00"))
+        assert not resume_schedule(cw.hourly_all.name, now=at("2030-01-01T04:11:00+00:00"))
+        assert fire_due_schedules(now=at("2030-01-01T04:20:00+00:00")) == 0
+        assert fire_due_schedules(now=at("2030-01-01T05:00:30+00:00")) == 1
+
+    assert fired_slots(cw.hourly_all) == ["2030-01-01T01:00:00+00:00", "2030-01-01T05:00:00+00:00"]
+    assert schedule_types(cw.hourly_all) == [
+        et.SCHEDULE_STARTED,
+        et.SCHEDULE_SLOT_FIRED,
+        et.SCHEDULE_PAUSED,
+        et.SCHEDULE_RESUMED,
+        et.SCHEDULE_SLOT_FIRED,
+    ]
+    row = paused[cw.hourly_all.name]
+    assert row["paused"] and row["next_slot"] is None
+    assert (row["paused_at"], row["paused_by"]) == (at("2030-01-01T01:30:00+00:00"), "ops")
+    assert row["last_slot"] == at("2030-01-01T01:00:00+00:00")
+
+
+@pytest.mark.django_db
+def test_a_scheduler_that_loaded_the_schedule_before_the_pause_fires_nothing():
+    """The pause takes the stream version the scheduler would fire the slot at."""
+    from kumiko_workflows.engine.cron import Schedule, fire_schedule
+
+    with registry.override(cw.hourly_all):
+        fire_due_schedules(now=at(START))
+        loaded = Schedule.load(cw.hourly_all, "default")
+        pause_schedule(cw.hourly_all.name, now=at("2030-01-01T00:59:00+00:00"))
+        assert fire_schedule(loaded, at("2030-01-01T01:00:30+00:00")) == 0
+
+    assert fired_slots(cw.hourly_all) == []
+    assert runs_of(cw.hourly_all) == []
+
+
+@pytest.mark.django_db
+def test_a_schedule_paused_before_its_first_pass_starts_when_resumed():
+    with registry.override(cw.hourly_all):
+        pause_schedule(cw.hourly_all.name, now=at(START))
+        assert fire_due_schedules(now=at("2030-01-01T01:00:30+00:00")) == 0
+        resume_schedule(cw.hourly_all.name, now=at("2030-01-01T01:10:00+00:00"))
+        assert fire_due_schedules(now=at("2030-01-01T02:00:30+00:00")) == 1
+
+    assert schedule_types(cw.hourly_all) == [
+        et.SCHEDULE_PAUSED,
+        et.SCHEDULE_RESUMED,
+        et.SCHEDULE_SLOT_FIRED,
+    ]
+    assert fired_slots(cw.hourly_all) == ["2030-01-01T02:00:00+00:00"]
+
+
+@pytest.mark.django_db
+def test_fire_now_starts_one_run_per_key_and_moves_no_slot():
+    now = at("2030-01-01T01:20:00+00:00")
+    with registry.override(cw.nightly_berlin):
+        fire_due_schedules(now=at(START))
+        pause_schedule(cw.nightly_berlin.name, now=at(START))
+        before = schedule_overview(now=now)
+        run_id = fire_schedule_now(cw.nightly_berlin.name, key="press-1", by="ops", now=now)
+        again = fire_schedule_now(cw.nightly_berlin.name, key="press-1", by="ops", now=now)
+        other = fire_schedule_now(cw.nightly_berlin.name, now=now)
+        after = schedule_overview(now=now)
+
+    assert run_id == run_id_for(cw.nightly_berlin.name, "now:press-1", "default")
+    assert again is None  # the same key: the same run, nothing fired again
+    assert other not in (None, run_id)
+    fired = Event.objects.filter(type=et.SCHEDULE_FIRED_NOW).order_by("id")
+    assert fired.count() == 2
+    first = fired[0]
+    assert first.aggregate_id == schedule_id(cw.nightly_berlin.name, "default")
+    assert first.payload["by"] == "ops" and first.payload["idempotency_key"] == "now:press-1"
+    assert first.payload["slot"] == now.isoformat()
+    assert first.payload["slot_local"] == "2030-01-01T02:20:00+01:00"
+    run = WorkflowRun.objects.get(run_id=run_id)
+    # It ran its first step inline (it reads the slot from ctx.event) and waits an hour.
+    assert (run.status, run.trigger_event_id) == ("waiting", first.id)
+    assert run.search_key == "now:press-1"
+    assert run_events(run_id)[0].payload["trigger_event_id"] == first.id
+    # A manual fire is not a slot: the schedule stays paused, its last slot unchanged.
+    for key in ("paused", "last_slot", "next_slot", "started_at"):
+        assert after[0][key] == before[0][key], key
+    assert after[0]["paused"]
+
+
+@pytest.mark.django_db
+def test_pause_resume_and_fire_now_refuse_what_is_not_a_cron_schedule(settings):
+    with registry.override(cw.hourly_all):
+        with pytest.raises(InvalidArgument, match="'t-wait' is not a registered cron workflow"):
+            pause_schedule("t-wait")
+        with pytest.raises(InvalidArgument, match="not a registered cron workflow"):
+            fire_schedule_now("no-such-workflow")
+        with pytest.raises(InvalidArgument, match="tenant 'acme' has no cron schedules"):
+            resume_schedule(cw.hourly_all.name, "acme")
+        with pytest.raises(InvalidArgument, match="1-100 characters"):
+            fire_schedule_now(cw.hourly_all.name, key="")
+        with pytest.raises(InvalidArgument, match="1-100 characters"):
+            fire_schedule_now(cw.hourly_all.name, key="line\nbreak")
+    assert not Event.objects.filter(aggregate_type=et.SCHEDULE_AGGREGATE_TYPE).exists()
+
+
+@pytest.mark.django_db
+def test_workflow_status_shows_a_paused_schedule():
+    out = StringIO()
+    with registry.override(cw.hourly_latest):
+        fire_due_schedules(now=at(START))
+        pause_schedule(cw.hourly_latest.name, by="admin:root")
+        call_command("workflow_status", stdout=out)
+        json_out = StringIO()
+        call_command("workflow_status", "--json", stdout=json_out)
+
+    assert "paused since " in out.getvalue() and "by admin:root" in out.getvalue()
+    (row,) = json.loads(json_out.getvalue())["cron"]
+    assert row["paused"] is True and row["paused_at"] and row["next_slot"] is None

@@ -6,6 +6,7 @@ import json
 import logging
 import uuid
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.db import transaction
@@ -502,3 +503,120 @@ def test_look_back_ignores_other_tenants_and_events_before_the_trigger(past):
 
     append_event(uuid.uuid4(), "test", "r.done", {"key": key})
     assert resume_due_runs().completed == 1
+
+
+# --- what a failed retry says, search keys ----------------------------------------------
+
+
+def test_a_failed_retry_records_the_attempt_its_error_text_names(now):
+    event, run_id = start("t.retry", fail_attempts=5)
+    for minutes in (10, 20):
+        resume_due_runs(now=now + timedelta(minutes=minutes))
+
+    failed = run_events(run_id)[-1]
+    assert failed.type == et.RUN_FAILED
+    assert failed.payload["error"] == "step 0 (retry): attempt 3 of 3 failed with FlakyError"
+    assert (failed.payload["attempt"], failed.payload["max_attempts"]) == (3, 3)
+    # The status row said 2 (the last scheduled attempt) before failures named theirs.
+    assert WorkflowRun.objects.get(run_id=run_id).retry_attempt == 3
+
+
+def test_a_failure_outside_a_retry_has_no_attempt():
+    event = trigger("t.fail")
+    run_id = run_id_for("t-fail", event.payload["run_key"], "default")
+
+    failed = run_events(run_id)[-1].payload
+    assert (failed["attempt"], failed["max_attempts"]) == (0, 0)
+    assert WorkflowRun.objects.get(run_id=run_id).retry_attempt == 0
+
+
+def order_number(event):
+    return f"order-{event.payload['order']}"
+
+
+def broken_key(event):
+    raise KeyError("secret-detail: no order")
+
+
+def searchable(key_fn):
+    return define_workflow(
+        "r-search",
+        on_event("r.search"),
+        [steps.compute("ran", before)],
+        run_key,
+        search_key=key_fn,
+        register=False,
+    )
+
+
+def test_a_run_keeps_the_search_key_its_workflow_gives_in_its_started_event():
+    with registry.override(searchable(order_number)):
+        event, run_id = start("r.search", order=1234)
+
+    started = run_events(run_id)[0]
+    assert started.payload["search_key"] == "order-1234"
+    run = WorkflowRun.objects.get(run_id=run_id)
+    assert (run.search_key, run.idempotency_key) == ("order-1234", event.payload["run_key"])
+
+
+def test_without_search_key_a_run_is_found_by_its_idempotency_key():
+    event = trigger("t.fail")
+    run_id = run_id_for("t-fail", event.payload["run_key"], "default")
+
+    assert "search_key" not in run_events(run_id)[0].payload
+    assert WorkflowRun.objects.get(run_id=run_id).search_key == event.payload["run_key"]
+
+
+@pytest.mark.parametrize(
+    "key_fn, logged",
+    [
+        (broken_key, "search_key raised"),
+        (lambda event: {"order": 1}, "search_key returned dict, not a string"),
+        (lambda event: "x" * 201, "search_key returned 201 characters, over 200"),
+        (lambda event: "two\nlines", "search_key contains a control character"),
+        (lambda event: None, None),
+    ],
+)
+def test_a_search_key_that_cannot_be_kept_leaves_the_run_without_one(key_fn, logged, caplog):
+    """A search key only helps people find a run: the run goes on, the log says why."""
+    with caplog.at_level(logging.ERROR, logger="kumiko_workflows"):
+        with registry.override(searchable(key_fn)):
+            event, run_id = start("r.search", order=1)
+
+    run = WorkflowRun.objects.get(run_id=run_id)
+    assert (run.status, run.search_key) == ("completed", "")
+    assert run_events(run_id)[0].payload["search_key"] == ""
+    if logged:
+        assert any(logged in record.getMessage() for record in caplog.records)
+    assert not any("secret-detail" in json.dumps(e.payload) for e in Event.objects.all())
+
+
+def test_search_keys_and_attempts_rebuild_from_the_events(now):
+    from kumiko_workflows.operations.rebuild import check
+
+    with registry.override(searchable(order_number)):
+        start("r.search", order=7)
+    start("t.retry", fail_attempts=5)
+    for minutes in (10, 20):
+        resume_due_runs(now=now + timedelta(minutes=minutes))
+
+    assert check().differences == []
+
+
+def test_migration_0008_gives_older_runs_their_idempotency_key_as_search_key():
+    """What the projection gives a run-started event without search_key, and the same."""
+    from importlib import import_module
+
+    from django.apps import apps
+    from django.db import connection
+
+    migration = import_module(
+        "kumiko_workflows.migrations.0011_run_search_key_and_schedule_actions"
+    )
+    event = trigger("t.fail")
+    run_id = run_id_for("t-fail", event.payload["run_key"], "default")
+    WorkflowRun.objects.filter(run_id=run_id).update(search_key="")
+
+    migration.backfill_search_keys(apps, SimpleNamespace(connection=connection))
+
+    assert WorkflowRun.objects.get(run_id=run_id).search_key == event.payload["run_key"]

@@ -8,6 +8,13 @@ transaction, starts the run through the ordinary trigger path with that event
 as ``ctx.event``. Two schedulers firing one slot append the same version: one
 wins, the other gets :class:`VersionConflict` and starts nothing.
 
+Someone may pause a schedule (``workflow.schedule.paused``: no slot fires
+until it is resumed, and the slots it missed never do), resume it
+(``workflow.schedule.resumed``), or fire it now, outside its slots
+(``workflow.schedule.fired-now``, the trigger of one run keyed by the
+caller's key). Each is an event on the schedule stream at its next version,
+so it races the scheduler like any other writer.
+
 Slots are wall-clock times in the schedule's time zone. They are enumerated
 on naive local time (so each wall time exists once) and then placed on the
 time line: a wall time in a skipped hour fires at the end of the gap, a wall
@@ -31,8 +38,8 @@ from django.utils import timezone
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.engine.segment import start_run
-from kumiko_workflows.exceptions import ScheduleError, VersionConflict
-from kumiko_workflows.models import Event
+from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionConflict
+from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store import db
 from kumiko_workflows.store.events import append_event, engine_stream, name_problem
 from kumiko_workflows.workflow.definition import (
@@ -42,11 +49,22 @@ from kumiko_workflows.workflow.definition import (
     registry,
     run_id_for,
 )
+from kumiko_workflows.workflow.jsonvalues import text_problem
 
 logger = logging.getLogger("kumiko_workflows.cron")
 
 _SCHEDULE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-schedule")
 _CREATED_BY = "kumiko_workflows.cron"
+#: The events that say what a schedule is doing (a fire-now changes none of it).
+_STATE_EVENTS = (
+    et.SCHEDULE_STARTED,
+    et.SCHEDULE_SLOT_FIRED,
+    et.SCHEDULE_PAUSED,
+    et.SCHEDULE_RESUMED,
+)
+#: How often a pause, resume or fire-now loads the schedule again after
+#: losing a race to another writer of its stream (a scheduler firing a slot).
+_ATTEMPTS = 3
 
 
 # --- the time line ------------------------------------------------------------
@@ -180,7 +198,7 @@ def _instant(text: str) -> datetime:
 
 @dataclass
 class Schedule:
-    """What a schedule stream says: its version and the last slot (or start)."""
+    """What a schedule stream says: its version, the last slot (or start), whether paused."""
 
     workflow: Workflow
     tenant_id: str
@@ -188,6 +206,10 @@ class Schedule:
     started_at: datetime | None = None
     last_slot: datetime | None = None
     last_run_id: uuid.UUID | None = None
+    paused: bool = False
+    paused_at: datetime | None = None
+    paused_by: str = ""
+    resumed_at: datetime | None = None
 
     @property
     def stream_id(self) -> uuid.UUID:
@@ -202,10 +224,16 @@ class Schedule:
     @property
     def baseline(self) -> datetime | None:
         """Slots at or before this instant are never fired."""
-        return self.last_slot or self.started_at
+        marks = [mark for mark in (self.last_slot, self.started_at, self.resumed_at) if mark]
+        return max(marks) if marks else None
 
     @classmethod
     def load(cls, workflow: Workflow, tenant_id: str) -> Schedule:
+        """Read the stream from its end: the latest event, and the latest that says its state.
+
+        Slots fire far more often than anything else happens to a schedule,
+        so each backward read stops after an event or two.
+        """
         schedule = cls(workflow, tenant_id)
         events = Event.objects.filter(
             tenant_id=tenant_id, aggregate_id=schedule.stream_id
@@ -214,13 +242,28 @@ class Schedule:
         if latest is None:
             return schedule
         schedule.version = latest.version
-        if latest.type == et.SCHEDULE_SLOT_FIRED:
-            schedule.last_slot = _instant(latest.payload["slot"])
-            schedule.last_run_id = run_id_for(workflow.name, latest.payload["slot"], tenant_id)
-            started = events.filter(type=et.SCHEDULE_STARTED).order_by("version").first()
-            schedule.started_at = _instant(started.payload["started_at"]) if started else None
-        else:
-            schedule.started_at = _instant(latest.payload["started_at"])
+        state = latest if latest.type in _STATE_EVENTS else None
+        if state is None:
+            state = events.filter(type__in=_STATE_EVENTS).first()
+        if state is None:  # only fired now, never started
+            return schedule
+        if state.type == et.SCHEDULE_STARTED:
+            schedule.started_at = _instant(state.payload["started_at"])
+            return schedule
+        if state.type == et.SCHEDULE_PAUSED:
+            schedule.paused = True
+            schedule.paused_at = _instant(state.payload["paused_at"])
+            schedule.paused_by = state.payload.get("by") or ""
+        elif state.type == et.SCHEDULE_RESUMED:
+            schedule.resumed_at = _instant(state.payload["resumed_at"])
+        fired = state if state.type == et.SCHEDULE_SLOT_FIRED else None
+        if fired is None:
+            fired = events.filter(type=et.SCHEDULE_SLOT_FIRED).first()
+        if fired is not None:
+            schedule.last_slot = _instant(fired.payload["slot"])
+            schedule.last_run_id = run_id_for(workflow.name, fired.payload["slot"], tenant_id)
+        started = events.filter(type=et.SCHEDULE_STARTED).order_by("version").first()
+        schedule.started_at = _instant(started.payload["started_at"]) if started else None
         return schedule
 
     def append(self, type: str, payload: dict[str, Any]) -> Event:
@@ -299,6 +342,15 @@ def due_slots(schedule: Schedule, now: datetime) -> list[datetime]:
 def fire_schedule(schedule: Schedule, now: datetime) -> int:
     """Start or fire one schedule; return how many runs it started."""
 
+    if schedule.paused:
+        # A scheduler that loaded it before the pause appends at a version the
+        # pause took: VersionConflict below, and nothing fires either.
+        logger.debug(
+            "workflow=%s tenant=%s paused: no slot fires",
+            schedule.workflow.name,
+            schedule.tenant_id,
+        )
+        return 0
     if schedule.baseline is None:
         try:
             with db.atomic():
@@ -410,7 +462,8 @@ def schedule_overview(now: datetime | None = None) -> list[dict[str, Any]]:
     """Per cron workflow and tenant: its expression, last fired slot and next slot.
 
     ``next_slot`` is the first slot after ``now`` (and after the last fired
-    one); ``started_at`` is None until a scheduler pass has seen the schedule.
+    one), None while ``paused`` (since ``paused_at``, by ``paused_by``);
+    ``started_at`` is None until a scheduler pass has seen the schedule.
     ``problem`` says why a schedule cannot fire (``next_slot`` is then None):
     one broken schedule is shown, never raised, so the others still are.
     """
@@ -440,13 +493,19 @@ def _overview_row(
         "last_run_id": None,
         "next_slot": None,
         "problem": problem,
+        "paused": False,
+        "paused_at": None,
+        "paused_by": "",
     }
     try:
         schedule = Schedule.load(workflow, tenant)
         row["started_at"] = schedule.started_at
         row["last_slot"] = schedule.last_slot
         row["last_run_id"] = schedule.last_run_id
-        if problem is None:
+        row["paused"] = schedule.paused
+        row["paused_at"] = schedule.paused_at
+        row["paused_by"] = schedule.paused_by
+        if problem is None and not schedule.paused:
             row["next_slot"] = next_slot(trigger, max(moment, schedule.baseline or moment))
     except DatabaseError:
         raise  # the transaction may be unusable: no other row can be read either
@@ -455,3 +514,130 @@ def _overview_row(
         logger.exception("workflow=%s tenant=%s schedule cannot be shown", workflow.name, tenant)
         row["problem"] = f"{type(exc).__name__}: {exc}"
     return row
+
+
+# --- pausing, resuming and firing now --------------------------------------------
+
+
+def _schedule(workflow_name: str, tenant_id: str | None) -> Schedule:
+    """The schedule of a registered cron workflow in one of the cron tenants."""
+    workflow = registry.get(workflow_name) if isinstance(workflow_name, str) else None
+    if workflow is None or not isinstance(workflow.trigger, CronTrigger):
+        raise InvalidArgument(f"{workflow_name!r} is not a registered cron workflow")
+    tenant = workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id
+    if tenant not in cron_tenants():
+        raise InvalidArgument(
+            f"tenant {tenant!r} has no cron schedules (KUMIKO_WORKFLOWS['CRON_TENANTS'])"
+        )
+    return Schedule.load(workflow, tenant)
+
+
+def _set_paused(
+    workflow_name: str, tenant_id: str | None, paused: bool, by: str, now: datetime | None
+) -> bool:
+    moment = _aware(now)
+    for _ in range(_ATTEMPTS):
+        schedule = _schedule(workflow_name, tenant_id)
+        if schedule.paused == paused:
+            return False
+        type, at = (
+            (et.SCHEDULE_PAUSED, "paused_at") if paused else (et.SCHEDULE_RESUMED, "resumed_at")
+        )
+        try:
+            with db.atomic():
+                schedule.append(type, {at: moment.isoformat(), "by": by})
+        except VersionConflict:
+            continue  # a slot fired meanwhile: look again
+        logger.info(
+            "workflow=%s tenant=%s cron schedule %s by %s",
+            workflow_name,
+            schedule.tenant_id,
+            "paused" if paused else "resumed",
+            by or "-",
+        )
+        return True
+    raise ScheduleError(f"workflow {workflow_name!r}: the schedule kept moving; try again")
+
+
+def pause_schedule(
+    workflow_name: str, tenant_id: str | None = None, *, by: str = "", now: datetime | None = None
+) -> bool:
+    """Pause a cron workflow's schedule in one tenant: no slot fires until it is resumed.
+
+    Slots that pass while it is paused never fire, whatever its catch-up
+    policy. Returns False if it was paused already. ``by`` says who, in the
+    event. Raises :class:`InvalidArgument` for a name that is not a
+    registered cron workflow or a tenant not among ``CRON_TENANTS``.
+    """
+    return _set_paused(workflow_name, tenant_id, True, by, now)
+
+
+def resume_schedule(
+    workflow_name: str, tenant_id: str | None = None, *, by: str = "", now: datetime | None = None
+) -> bool:
+    """Resume a paused schedule: slots after ``now`` fire again. False if it was not paused."""
+    return _set_paused(workflow_name, tenant_id, False, by, now)
+
+
+class _AlreadyFired(Exception):
+    """The run of a fire-now key exists: take back the event that would fire it again."""
+
+
+def fire_schedule_now(
+    workflow_name: str,
+    tenant_id: str | None = None,
+    *,
+    key: str | None = None,
+    by: str = "",
+    now: datetime | None = None,
+) -> uuid.UUID | None:
+    """Start one run of a cron workflow now, outside its slots; return its run id.
+
+    The run's idempotency key is ``"now:" + key`` (default: a new random
+    key), so a second call with the same key, a form posted twice, starts
+    nothing and returns None. It fires a paused schedule too, and moves
+    neither its last slot nor its next. ``ctx.event`` is the
+    ``workflow.schedule.fired-now`` event: its ``slot`` is the instant it
+    fired, ``by`` who fired it.
+    """
+    moment = _aware(now)
+    if key is not None and (
+        not isinstance(key, str) or not 0 < len(key) <= 100 or text_problem(key, controls=False)
+    ):
+        raise InvalidArgument(
+            f"fire_schedule_now key must be 1-100 characters of text, got {key!r}"
+        )
+    run_key = f"now:{uuid.uuid4().hex if key is None else key}"
+    schedule = _schedule(workflow_name, tenant_id)
+    run_id = run_id_for(workflow_name, run_key, schedule.tenant_id)
+    for _ in range(_ATTEMPTS):
+        if WorkflowRun.objects.filter(tenant_id=schedule.tenant_id, run_id=run_id).exists():
+            return None
+        try:
+            with db.atomic():
+                event = schedule.append(
+                    et.SCHEDULE_FIRED_NOW,
+                    {
+                        "slot": moment.isoformat(),
+                        "slot_local": moment.astimezone(schedule.trigger.zone).isoformat(),
+                        "fired_at": moment.isoformat(),
+                        "idempotency_key": run_key,
+                        "by": by,
+                    },
+                )
+                if start_run(schedule.workflow, event, now=moment) is None:
+                    raise _AlreadyFired
+        except _AlreadyFired:
+            return None
+        except VersionConflict:
+            schedule = _schedule(workflow_name, schedule.tenant_id)
+            continue
+        logger.info(
+            "workflow=%s tenant=%s fired now by %s: run=%s",
+            workflow_name,
+            schedule.tenant_id,
+            by or "-",
+            run_id,
+        )
+        return run_id
+    raise ScheduleError(f"workflow {workflow_name!r}: the schedule kept moving; try again")

@@ -52,7 +52,7 @@ from kumiko_workflows.workflow.definition import (
     registry,
     run_id_for,
 )
-from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
+from kumiko_workflows.workflow.jsonvalues import NotJSON, text_problem, to_json
 
 logger = logging.getLogger("kumiko_workflows.runner")
 
@@ -223,7 +223,9 @@ class Executor:
             self.ctx.retry_attempt = 1
         return None
 
-    def retried(self, path: tuple[Any, ...], failure: Any, why: str) -> Exception:
+    def retried(
+        self, path: tuple[Any, ...], failure: Any, why: str, attempt: int, times: int
+    ) -> Exception:
         return Failure(
             failure.reason,
             path_text(path),
@@ -231,6 +233,8 @@ class Executor:
             error_class=failure.error_class,
             detail=failure.detail,
             exc=failure.exc,
+            attempt=attempt,
+            max_attempts=times,
         )
 
     def note_retry(
@@ -420,7 +424,10 @@ def fail_opened(
 def _idempotency_key(workflow: Workflow, event: Event) -> str:
     if isinstance(workflow.trigger, CronTrigger):
         # A cron run is keyed by its slot instant (kumiko_workflows.cron), so
-        # schedulers that fire the same slot address the same run.
+        # schedulers that fire the same slot address the same run; a run
+        # fired outside the slots, by the key its caller gave.
+        if event.type == event_types.SCHEDULE_FIRED_NOW:
+            return str(event.payload["idempotency_key"])
         return str(event.payload["slot"])
     key = workflow.idempotency_key
     if key is None:
@@ -448,6 +455,48 @@ def start_in_worker() -> Iterator[None]:
         yield
     finally:
         _in_worker.reset(token)
+
+
+#: The longest search key a run keeps (``WorkflowRun.search_key``).
+SEARCH_KEY_LENGTH = 200
+
+
+def search_key_of(workflow: Workflow, event: Event) -> str:
+    """What the admin's search finds the run by: the workflow's ``search_key(event)``.
+
+    A search key only helps people find a run, so a callable that raises or
+    returns something unusable is logged and the run goes on without one.
+    """
+    assert workflow.search_key is not None
+    try:
+        value = workflow.search_key(event)
+    except Exception:
+        logger.exception(
+            "workflow=%s trigger_event=%s search_key raised; the run has no search key",
+            workflow.name,
+            event.id,
+        )
+        return ""
+    if value is None:
+        return ""
+    problem = None
+    if isinstance(value, bool) or not isinstance(value, str | int | uuid.UUID):
+        problem = f"returned {type(value).__name__}, not a string"
+    else:
+        value = str(value)
+        if len(value) > SEARCH_KEY_LENGTH:
+            problem = f"returned {len(value)} characters, over {SEARCH_KEY_LENGTH}"
+        else:
+            problem = text_problem(value, controls=False)
+    if problem:
+        logger.error(
+            "workflow=%s trigger_event=%s search_key %s; the run has no search key",
+            workflow.name,
+            event.id,
+            problem,
+        )
+        return ""
+    return value
 
 
 def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) -> uuid.UUID | None:
@@ -484,6 +533,8 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         "idempotency_key": key,
         "trigger_event_id": event.id,
     }
+    if workflow.search_key is not None:  # else the idempotency key is the search key
+        started["search_key"] = search_key_of(workflow, event)
     # Every append below happens in an atomic block that an error unwinds.
     stream = RunStream(
         run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id, savepoint=False

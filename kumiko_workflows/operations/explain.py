@@ -1,7 +1,9 @@
 """Plain-words explanations of a workflow run, for the admin and the commands.
 
 What a run waits for and since when, why it failed, and its event timeline,
-read from its run-status row, its pending row and its event stream.
+read from its run-status row, its pending row and its event stream. Times
+are told in the current time zone, with the zone named; words, not
+markup, so the admin and the commands can show them alike.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.engine.resume import max_resume_errors
@@ -34,6 +38,22 @@ _TIMELINE_HIDDEN = frozenset(
         "by",
     }
 )
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """``plural(1, "run")`` -> ``"1 run"``; ``plural(2, "pass", "passes")`` -> ``"2 passes"``."""
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
+def when(value: datetime | None, zone: Any = None) -> str:
+    """An instant in ``zone`` (default: the current time zone), the zone named.
+
+    ``2026-01-05 10:00:00 UTC``; in a schedule's zone ``2026-01-05 11:00:00 CET``.
+    """
+    if value is None:
+        return "—"
+    local = timezone.localtime(value, zone)
+    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname() or timezone.get_current_timezone_name()}"
 
 
 def humanize(delta: timedelta) -> str:
@@ -95,6 +115,90 @@ def short_payload(payload: dict[str, Any], limit: int = 120, *, type: str = "") 
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _instant(value: Any) -> str:
+    try:
+        return when(datetime.fromisoformat(value)) if value else "—"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _attempts(payload: dict[str, Any]) -> str:
+    """``"attempt 2 of 3"`` from a payload's ``attempt`` and ``max_attempts``."""
+    return f"attempt {payload.get('attempt')} of {payload.get('max_attempts') or '?'}"
+
+
+def describe_event(type: str, payload: dict[str, Any]) -> str:
+    """One run event in words: what the timeline shows before its details are opened.
+
+    Attempts are counted as the error text counts them: a retry that
+    schedules attempt 2 says attempt 1 failed, the resume that follows runs
+    attempt 2.
+    """
+    get = payload.get
+    if type == et.RUN_STARTED:
+        text = f"key {get('idempotency_key')}"
+        if get("search_key"):
+            text += f", search key {get('search_key')}"
+        return text + f"; trigger event #{get('trigger_event_id')}"
+    if type == et.WAITING:
+        return f"waits until {_instant(get('wake_at'))}"
+    if type == et.WAITING_FOR_EVENT:
+        deadline = _instant(get("timeout_at")) if get("timeout_at") else "none"
+        return (
+            f"waits for a {get('event_type')!r} event where {describe_match(get('match'))}; "
+            f"deadline {deadline}"
+        )
+    if type == et.RETRY_SCHEDULED:
+        return (
+            f"{_attempts(payload)} failed with {get('error_class') or get('reason')}; "
+            f"attempt {(get('attempt') or 0) + 1} at {_instant(get('wake_at'))}"
+        )
+    if type == et.RESUMED:
+        kind = get("suspension_type")
+        if kind == "retry":
+            return f"runs attempt {(get('retry_attempt') or 0) + 1}"
+        if kind == "event":
+            if get("awaited_event_id"):
+                return f"with the awaited event #{get('awaited_event_id')}"
+            return "without the awaited event (the deadline passed, or it was woken)"
+        return f"after the {kind or 'wait'}"
+    if type == et.RUN_COMPLETED:
+        return "every step ran"
+    if type == et.RUN_FAILED:
+        return f"{get('reason')}: {get('error') or '—'}"
+    if type == et.RUN_CANCELLED:
+        return f"reason: {get('reason') or '—'}"
+    if type == et.WAKE_REQUESTED:
+        if get("awaited_event_id"):
+            return f"the awaited event #{get('awaited_event_id')} arrived"
+        return "woken by hand: due now"
+    if type == et.RERUN_REQUESTED:
+        return "runs again from where the failed attempt began"
+    return short_payload(payload, type=type)
+
+
+def referenced_events(type: str, payload: dict[str, Any]) -> list[tuple[str, int]]:
+    """(what, event id) of the events a run event refers to: its trigger, awaited ones."""
+    refs: list[tuple[str, int]] = []
+    if type == et.RUN_STARTED and _is_id(payload.get("trigger_event_id")):
+        refs.append(("trigger event", payload["trigger_event_id"]))
+    if _is_id(payload.get("awaited_event_id")):
+        refs.append(("awaited event", payload["awaited_event_id"]))
+    state = payload.get("state")
+    awaited = state.get("awaited") if isinstance(state, dict) else None
+    if isinstance(awaited, dict):
+        refs.extend(
+            (f"awaited event ({key})", event_id)
+            for key, event_id in sorted(awaited.items())
+            if _is_id(event_id)
+        )
+    return refs
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class TimelineEntry:
     event_id: int
@@ -104,10 +208,14 @@ class TimelineEntry:
     step: str
     summary: str
     by: str
+    #: The whole payload, as pretty JSON: what the summary leaves out.
+    details: str = ""
+    #: (what, event id) of the events this one refers to.
+    refs: list[tuple[str, int]] = field(default_factory=list)
 
 
 def timeline(run: WorkflowRun) -> list[TimelineEntry]:
-    """The run's events, oldest first, each with its step and a short payload."""
+    """The run's events, oldest first, each with its step, in words and in full."""
     entries = []
     stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
     version = run.workflow_version
@@ -123,11 +231,23 @@ def timeline(run: WorkflowRun) -> list[TimelineEntry]:
                 created_at=event.created_at,
                 type=event.type,
                 step=step_label(run.workflow_name, step, version) if step else "",
-                summary=short_payload(payload, type=event.type),
+                summary=describe_event(event.type, payload),
                 by=payload.get("by") or "",
+                details=pretty_json(payload),
+                refs=referenced_events(event.type, payload),
             )
         )
     return entries
+
+
+def awaited_events(entries: list[TimelineEntry]) -> list[tuple[str, int]]:
+    """The awaited events a run took, first mention first, each once."""
+    seen: dict[int, str] = {}
+    for entry in entries:
+        for what, event_id in entry.refs:
+            if what != "trigger event":
+                seen.setdefault(event_id, what)
+    return [(what, event_id) for event_id, what in seen.items()]
 
 
 @dataclass
@@ -139,6 +259,8 @@ class Explanation:
     error_text: str = ""
     due: bool = False
     late_by: timedelta | None = None
+    #: What the error text is the error of: "Last error (attempt 1 of 3)".
+    error_heading: str = "Last error"
 
 
 def pending_row(run: WorkflowRun) -> WorkflowRunPending | None:
@@ -155,12 +277,40 @@ def _latest(run: WorkflowRun, type: str) -> Event | None:
 
 
 def _when(value: datetime | None) -> str:
-    return value.isoformat(sep=" ", timespec="seconds") if value else "—"
+    return when(value)
+
+
+def attempt_text(run: WorkflowRun) -> str:
+    """Where a run's retry is, counted as its error text counts: "attempt 1 of 3 failed; …"."""
+    attempt = run.retry_attempt
+    if not attempt:
+        return "—"
+    if run.status == RunStatus.WAITING:
+        scheduled = _latest(run, et.RETRY_SCHEDULED)
+        most = scheduled.payload.get("max_attempts") if scheduled else None
+        return f"attempt {attempt} of {most or '?'} failed; attempt {attempt + 1} is next"
+    failed = _latest(run, et.RUN_FAILED)
+    most = failed.payload.get("max_attempts") if failed else None
+    # A failure recorded before failures named their attempt: the column
+    # still holds the last attempt a retry scheduled, which says nothing here.
+    return f"attempt {attempt} of {most} failed" if most else "—"
+
+
+def _error_heading(attempt: int, max_attempts: Any) -> str:
+    if not attempt:
+        return "Last error"
+    return f"Last error (attempt {attempt} of {max_attempts or '?'})"
 
 
 def explain(run: WorkflowRun, now: datetime) -> Explanation:
     if run.status == RunStatus.WAITING:
-        return _explain_waiting(run, now)
+        explanation = _explain_waiting(run, now)
+        if run.retry_attempt:  # a retry waits: its last error is the failed attempt's
+            explanation.error_text = run.last_error
+            scheduled = _latest(run, et.RETRY_SCHEDULED)
+            most = scheduled.payload.get("max_attempts") if scheduled else None
+            explanation.error_heading = _error_heading(run.retry_attempt, most)
+        return explanation
     if run.status == RunStatus.FAILED:
         return _explain_failed(run)
     if run.status == RunStatus.CANCELLED:
@@ -198,6 +348,10 @@ def _explain_failed(run: WorkflowRun) -> Explanation:
         ("Error class", run.error_class or "—"),
         ("Failed at", _when(run.finished_at)),
     ]
+    failed = _latest(run, et.RUN_FAILED)
+    most = failed.payload.get("max_attempts") if failed else None
+    if run.retry_attempt and most:
+        facts.append(("Attempt", f"{run.retry_attempt} of {most}: the retry gave up"))
     workflow = registry.of_run(run.workflow_name, run.workflow_version, run.definition_fingerprint)
     if workflow is None:
         facts.append(
@@ -210,7 +364,12 @@ def _explain_failed(run: WorkflowRun) -> Explanation:
         facts.append(("Rerun", "not possible: the workflow's definition changed since it started"))
     else:
         facts.append(("Rerun", "possible: it re-enters the step where the failed attempt began"))
-    return Explanation("Failed.", facts, error_text=run.last_error)
+    return Explanation(
+        "Failed.",
+        facts,
+        error_text=run.last_error,
+        error_heading=_error_heading(run.retry_attempt if most else 0, most),
+    )
 
 
 @dataclass
@@ -235,7 +394,7 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     if row is None:
         return Explanation(
             "Waiting, but it has no pending row, so no worker will resume it. "
-            "Run `manage.py rebuild_workflow_projections --check` to compare the tables "
+            "Run manage.py rebuild_workflow_projections --check to compare the tables "
             "with the event store."
         )
     kind = row.get_suspension_type_display()
@@ -261,8 +420,8 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
         facts.append(
             (
                 "Failed resumes",
-                f"{row.resume_errors} pass(es) in a row raised resuming it (the worker's log "
-                f"has why); the run fails after {max_resume_errors()}",
+                f"{plural(row.resume_errors, 'pass', 'passes')} in a row raised resuming it "
+                f"(the worker's log has why); the run fails after {max_resume_errors()}",
             )
         )
 
@@ -271,7 +430,7 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     if due and late_by is not None:
         facts.append(("Due", f"yes, for {humanize(late_by)} (since {_when(row.wake_at)})"))
         headline = (
-            f"Due for {humanize(late_by)}: the next `resume_due_runs` pass resumes it. "
+            f"Due for {humanize(late_by)}: the next resume_due_runs pass resumes it. "
             "If it stays due, check that a worker (or the cron job) is running."
         )
     elif row.wake_at is not None:

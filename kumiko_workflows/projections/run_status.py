@@ -51,13 +51,16 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
     if kind == et.RUN_COMPLETED:
         return _settled(RunStatus.COMPLETED, event)
     if kind == et.RUN_FAILED:
-        return _settled(
+        failed = _settled(
             RunStatus.FAILED,
             event,
             step=payload.get("step") or "",
             failure_reason=payload.get("reason", ""),
             error_class=payload.get("error_class", ""),
         )
+        if "attempt" in payload:  # older failures do not say: the column stays as it was
+            failed["retry_attempt"] = payload["attempt"] or 0
+        return failed
     if kind == et.RUN_CANCELLED:
         return _settled(RunStatus.CANCELLED, event)
     return None
@@ -75,6 +78,14 @@ def _settled(status: str, event: Event, **fields: Any) -> dict[str, Any]:
     }
 
 
+def _search_key(payload: dict[str, Any]) -> str:
+    # A workflow without search_key (and every run started before there were
+    # search keys: migration 0008 gave their rows the same) is searched by
+    # its idempotency key.
+    key = payload["search_key"] if "search_key" in payload else payload.get("idempotency_key")
+    return str(key or "")[:200]
+
+
 def project_run_status(event: Event, replaying: bool) -> None:
     if not is_run_event(event):
         return
@@ -87,6 +98,7 @@ def project_run_status(event: Event, replaying: bool) -> None:
             # Absent from streams started before versions were recorded.
             workflow_version=payload.get("workflow_version"),
             idempotency_key=str(payload.get("idempotency_key") or "")[:500],
+            search_key=_search_key(payload),
             status=RunStatus.RUNNING,
             definition_fingerprint=payload["definition_fingerprint"],
             trigger_event_id=payload.get("trigger_event_id"),

@@ -35,6 +35,21 @@ INVALID_MATCH = "invalid_match"
 INVALID_PENDING_ROW = "invalid_pending_row"
 INTERNAL_ERROR = "internal_error"
 RESUME_FAILED_REPEATEDLY = "resume_failed_repeatedly"
+#: Every reason above, in the order the admin's filter lists them.
+FAILURE_REASONS = (
+    STEP_FAILED,
+    INVALID_STEP_ARGUMENT,
+    INVALID_STEP_RESULT,
+    FILTER_FAILED,
+    IDEMPOTENCY_KEY_FAILED,
+    DEFINITION_CHANGED,
+    TRIGGER_EVENT_UNAVAILABLE,
+    AWAITED_EVENT_UNAVAILABLE,
+    INVALID_MATCH,
+    INVALID_PENDING_ROW,
+    INTERNAL_ERROR,
+    RESUME_FAILED_REPEATEDLY,
+)
 
 #: (run id, first version, last version) of events about to be appended
 #: whose stream has no pending rows (nor wait keys) for sure: the run's
@@ -161,6 +176,9 @@ class Failure(Exception):
     error_class: str = ""
     detail: str = ""  # raw text: log and WorkflowRun.last_error only
     exc: BaseException | None = field(default=None, repr=False)
+    #: The attempt of a retry that failed last, and how many it had (0: not a retry's).
+    attempt: int = 0
+    max_attempts: int = 0
 
     def __post_init__(self) -> None:
         Exception.__init__(self, self.message)
@@ -201,6 +219,8 @@ def fail_run(
             "reason": failure.reason,
             "error": failure.message,
             "error_class": failure.error_class,
+            "attempt": failure.attempt,
+            "max_attempts": failure.max_attempts,
             "retry_from": retry_from,
             "state": state or {"results": {}, "awaited": {}},
         },

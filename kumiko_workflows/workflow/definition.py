@@ -324,6 +324,7 @@ class Workflow:
         commit: str = "batch",
         start: str = "inline",
         migrates_from: Mapping[int, Mapping[str, str]] | None = None,
+        search_key: Callable[[Any], Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -338,6 +339,11 @@ class Workflow:
         ):
             raise WorkflowDefinitionError(
                 f"workflow {name!r}: idempotency_key must be a string, a callable or None"
+            )
+        if search_key is not None and not callable(search_key):
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: search_key must be a callable (event -> str) or None, "
+                f"got {search_key!r}"
             )
         if commit not in COMMIT_MODES:
             raise WorkflowDefinitionError(
@@ -376,6 +382,9 @@ class Workflow:
         self.trigger = trigger
         self.steps = _step_list(steps, f"workflow {name!r}: steps")
         self.idempotency_key = idempotency_key
+        #: ``event -> str``: what the admin's search finds a run by. Not in the
+        #: fingerprint: it changes no step, so changing it strands no run.
+        self.search_key = search_key
         self.awaits = awaits
         self.version = version
         #: Explicit moves of suspended runs of older versions to this one:
@@ -637,6 +646,7 @@ def define_workflow(
     commit: str = "batch",
     start: str = "inline",
     migrates_from: Mapping[int, Mapping[str, str]] | None = None,
+    search_key: Callable[[Any], Any] | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name`` and ``version``.
@@ -652,11 +662,23 @@ def define_workflow(
     :func:`kumiko_workflows.start_in_worker` for one call).
     ``migrates_from={1: {"1": "2"}}`` says where a run of version 1 waiting
     at step 1 may continue in this version, for ``migrate_workflow_runs``
-    (nothing moves until that runs). Pass ``register=False`` to build a
-    definition without registering it (for :meth:`WorkflowRegistry.override`).
+    (nothing moves until that runs). ``search_key`` (``event -> str``, at
+    most 200 characters) is what the admin's search finds a run by, e.g. an
+    order number; without it, the idempotency key. Pass ``register=False``
+    to build a definition without registering it (for
+    :meth:`WorkflowRegistry.override`).
     """
     workflow = Workflow(
-        name, trigger, steps, idempotency_key, awaits, version, commit, start, migrates_from
+        name,
+        trigger,
+        steps,
+        idempotency_key,
+        awaits,
+        version,
+        commit,
+        start,
+        migrates_from,
+        search_key=search_key,
     )
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:

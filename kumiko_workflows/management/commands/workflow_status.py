@@ -97,6 +97,7 @@ def cron_schedules(tenant: str | None, now: datetime) -> list[dict[str, Any]]:
                 "last_slot": row["last_slot"].isoformat() if row["last_slot"] else None,
                 "last_run_id": str(row["last_run_id"]) if row["last_run_id"] else None,
                 "next_slot": row["next_slot"].isoformat() if row["next_slot"] else None,
+                "paused_at": row["paused_at"].isoformat() if row["paused_at"] else None,
             }
         )
     return rows
@@ -113,6 +114,13 @@ def print_cron(command: BaseCommand, rows: list[dict[str, Any]]) -> None:
             f"      last slot {row['last_slot'] or '—'}, next slot {row['next_slot'] or '—'}"
             + ("" if row["started_at"] else " (not started: the next scheduler pass starts it)")
         )
+        if row["paused"]:
+            command.stdout.write(
+                command.style.WARNING(
+                    f"      paused since {row['paused_at']} by {row['paused_by'] or '—'}: "
+                    "no slot fires until it is resumed"
+                )
+            )
         if row["problem"]:
             command.stdout.write(command.style.ERROR(f"      cannot fire: {row['problem']}"))
 
