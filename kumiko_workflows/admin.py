@@ -46,6 +46,7 @@ from kumiko_workflows.engine.cron import (
     schedule_overview,
 )
 from kumiko_workflows.engine.resume import cancel_run, rerun_run, wake_run
+from kumiko_workflows.engine.segment import start_in_worker
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     RunNotFound,
@@ -607,7 +608,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
 
     def _fire(self, request: HttpRequest, name: str, tenant: str, where: str, by: str) -> None:
         key = request.POST.get("key") or uuid.uuid4().hex
-        run_id = fire_schedule_now(name, tenant, key=key, by=by)
+        # The admin request only queues the run; a worker runs its steps.
+        with start_in_worker():
+            run_id = fire_schedule_now(name, tenant, key=key, by=by)
         if run_id is not None:
             self.message_user(
                 request,

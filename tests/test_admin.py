@@ -847,7 +847,10 @@ def test_a_schedule_is_paused_resumed_and_fired_from_the_run_list(client, root):
     assert {event.payload.get("by") for event in schedule_events(cw.nightly_berlin)[1:]} == {
         "admin:root"
     }
-    assert WorkflowRun.objects.get(run_id=run_id).workflow_name == cw.nightly_berlin.name
+    fired_run = WorkflowRun.objects.get(run_id=run_id)
+    assert fired_run.workflow_name == cw.nightly_berlin.name
+    # The admin request queued the run: its steps run in a worker, not in the request.
+    assert (fired_run.status, fired_run.suspension_type) == ("waiting", "queued")
     # The event page of the fire links the run it started.
     fire_event = schedule_events(cw.nightly_berlin)[-1]
     fire_page = client.get(reverse("admin:kumiko_workflows_event_change", args=[fire_event.pk]))
