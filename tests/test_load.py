@@ -112,12 +112,13 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
           AND s.version = 1""",  # noqa: S608 - table names from _meta
         # The run-status projection of those two events.
         f"""INSERT INTO {run} (run_id, tenant_id, workflow_name, workflow_version,
-               idempotency_key, status, step,
+               idempotency_key, search_key, status, step,
                suspension_type, wake_at, awaited_event_type, retry_attempt, failure_reason,
                error_class, last_error, definition_fingerprint, trigger_event_id, version,
                started_at, updated_at, finished_at)
         SELECT s.aggregate_id, s.tenant_id, %(name)s, %(workflow_version)s,
                left(s.payload ->> 'idempotency_key', 500),
+               left(s.payload ->> 'idempotency_key', 200),
                'waiting', '0', 'wait', %(wake_at)s, '', 0, '', '', '', %(fingerprint)s,
                (s.payload ->> 'trigger_event_id')::bigint, 2, s.created_at, %(created)s, NULL
         FROM {event} s
@@ -208,7 +209,7 @@ def test_generated_rows_are_what_the_engine_writes():
     # And the generated rows are the real run's rows but for ids and instants.
     real_run, real_pending = _rows(real[0].aggregate_id)
     gen_run, gen_pending = before
-    differ = {"run_id", "idempotency_key", "trigger_event_id", "started_at", "updated_at"}
+    differ = {"run_id", "idempotency_key", "search_key", "trigger_event_id", "started_at", "updated_at"}
     differ_pending = {"run_id", "trigger_event_id", "suspended_at"}
     assert {k: v for k, v in gen_run.items() if k not in differ} == {
         k: v for k, v in real_run.items() if k not in differ

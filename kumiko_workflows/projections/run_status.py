@@ -80,7 +80,7 @@ def _settled(status: str, event: Event, **fields: Any) -> dict[str, Any]:
 
 def _search_key(payload: dict[str, Any]) -> str:
     # A workflow without search_key (and every run started before there were
-    # search keys: migration 0008 gave their rows the same) is searched by
+    # search keys: migration 0011 gave their rows the same) is searched by
     # its idempotency key.
     key = payload["search_key"] if "search_key" in payload else payload.get("idempotency_key")
     return str(key or "")[:200]
