@@ -16,8 +16,6 @@ from django.db import connection, transaction
 
 from kumiko_workflows import (
     cancel_run,
-    define_workflow,
-    on_event,
     resume_due_runs,
     run_id_for,
     signals,
@@ -25,7 +23,8 @@ from kumiko_workflows import (
 )
 from kumiko_workflows.workflow.definition import registry
 from tests.conftest import trigger, types_of
-from tests.testapp.workflows import payload_value, run_key
+from tests.test_runs import workflow
+from tests.testapp.workflows import payload_value
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,18 +56,7 @@ def start_child_then_fail(ctx):
     raise RuntimeError("after starting a child")
 
 
-def _workflow(name, step_list, **kwargs):
-    return define_workflow(
-        name=name,
-        trigger=on_event(name.replace("-", ".", 1)),
-        idempotency_key=run_key,
-        steps=step_list,
-        register=False,
-        **kwargs,
-    )
-
-
-WAIT = _workflow(
+WAIT = workflow(
     "s-wait",
     [
         steps.compute("first", counted),
@@ -76,14 +64,14 @@ WAIT = _workflow(
         steps.compute("after", counted),
     ],
 )
-FAIL = _workflow("s-fail", [steps.compute("boom", fails)])
-PARENT = _workflow("s-parent", [steps.compute("child", start_child_then_fail)])
-CHILD = _workflow("s-child", [steps.compute("done", counted)])
-RETRY = _workflow(
+FAIL = workflow("s-fail", [steps.compute("boom", fails)])
+PARENT = workflow("s-parent", [steps.compute("child", start_child_then_fail)])
+CHILD = workflow("s-child", [steps.compute("done", counted)])
+RETRY = workflow(
     "s-retry",
     [steps.retry(times=2, backoff="linear", base_delay="PT10S", do=[steps.compute("x", fails)])],
 )
-EVENT = _workflow(
+EVENT = workflow(
     "s-event",
     [steps.wait_for_event("paid", timeout="P3D")],
     awaits={"paid": "s.paid"},
@@ -202,7 +190,9 @@ def test_suspensions_failures_and_cancellations_are_heard_with_their_arguments(h
     by_name = {(name, run): kwargs for name, run, kwargs in heard}
     retried = by_name[("suspended", retry_run)]
     assert (retried["suspension_type"], retried["step"]) == ("retry", "0")
-    started_at = {run: kwargs["event"].created_at for name, run, kwargs in heard if name == "started"}
+    started_at = {
+        run: kwargs["event"].created_at for name, run, kwargs in heard if name == "started"
+    }
     assert retried["wake_at"] == started_at[retry_run] + timedelta(seconds=10)
     waited = by_name[("suspended", event_run)]
     assert waited["suspension_type"] == "event"
