@@ -18,7 +18,6 @@ from django.db.models import F, Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html
 
 from kumiko_workflows import event_types as et
@@ -42,6 +41,7 @@ from kumiko_workflows.operations.explain import (
     step_label,
     timeline,
 )
+from kumiko_workflows.workflow import clock
 
 #: Runs listed by name on the cancel confirmation page; the rest are counted.
 CANCEL_LIST_LIMIT = 100
@@ -251,7 +251,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
         run = self.get_object(request, unquote(object_id))
         context = dict(extra_context or {})
         if run is not None:
-            context["kw_explanation"] = explain(run, timezone.now())
+            context["kw_explanation"] = explain(run, clock.now())
             context["kw_timeline"] = [
                 {"entry": entry, "url": self._url(Event, entry.event_id)} for entry in timeline(run)
             ]
@@ -453,13 +453,13 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
 
     @admin.display(description="due", boolean=True)
     def due(self, row: WorkflowRunPending) -> bool:
-        return row.wake_at is not None and row.wake_at <= timezone.now()
+        return row.wake_at is not None and row.wake_at <= clock.now()
 
     @admin.display(description="late by")
     def lateness(self, row: WorkflowRunPending) -> str:
         if row.wake_at is None:
             return "— (no deadline)"
-        delta = timezone.now() - row.wake_at
+        delta = clock.now() - row.wake_at
         if delta.total_seconds() >= 0:
             return humanize(delta)
         return f"due in {humanize(-delta)}"

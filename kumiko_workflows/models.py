@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from kumiko_workflows.exceptions import AppendOnlyError
+from kumiko_workflows.workflow import clock
 
 
 class EventQuerySet(models.QuerySet):
@@ -166,7 +167,7 @@ class WorkflowRun(models.Model):
 
 class WorkflowRunPendingQuerySet(models.QuerySet):
     def due(self, now: datetime | None = None) -> WorkflowRunPendingQuerySet:
-        return self.filter(wake_at__lte=now or timezone.now())
+        return self.filter(wake_at__lte=now or clock.now())
 
     def waiting_for(self, event_type: str) -> WorkflowRunPendingQuerySet:
         """``wait_for_event`` rows of that event type not yet woken by an event."""
