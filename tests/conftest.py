@@ -14,6 +14,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+# The virtual clock fixture, as a site's conftest.py would list it.
+from kumiko_workflows.testing import workflows  # noqa: F401
+
 REPO = Path(__file__).resolve().parent.parent
 
 
