@@ -346,3 +346,34 @@ class WakeCheck(models.Model):
     def __str__(self) -> str:
         subject = f"event #{self.event_id}" if self.event_id else f"run {self.run_id}"
         return f"wake-up check of {subject}"
+
+
+class WorkerHeartbeat(models.Model):
+    """A resume worker process (``manage.py resume_due_runs``) and when it last passed.
+
+    Each worker writes its own row (``host:pid``) at most every few seconds,
+    at the start of a pass; a ``--loop`` worker deletes it when it stops. It
+    is operations bookkeeping, not workflow state: not an event, not
+    projected, never rebuilt, and not a tenant's (a worker serves tenants).
+    ``workflow_status --check`` reads it to tell whether a worker has passed
+    recently.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=300, unique=True, help_text="host:pid")
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    tenants = models.JSONField(
+        default=list, blank=True, help_text="The tenants it resumes (--tenant); empty: every one."
+    )
+    loop = models.BooleanField(default=False, help_text="A --loop worker (else one pass).")
+    started_at = models.DateTimeField()
+    seen_at = models.DateTimeField(
+        help_text="When it last began a pass (written every 5 s at most)."
+    )
+
+    class Meta:
+        verbose_name = "worker heartbeat"
+
+    def __str__(self) -> str:
+        return f"worker {self.name} (seen {self.seen_at.isoformat()})"

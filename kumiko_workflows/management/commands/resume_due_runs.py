@@ -102,6 +102,7 @@ class Command(BaseCommand):
             max_runs=options["max_runs"] if options["loop"] else None,
             cron=options["cron"],
             on_pass=report,
+            loop=options["loop"],
         )
         if options["loop"]:
             worker.run_forever()
