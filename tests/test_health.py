@@ -124,6 +124,23 @@ def test_the_check_fails_when_the_oldest_due_run_has_waited_longer_than_max_lag(
 
 
 @pytest.mark.django_db
+def test_either_limit_can_be_left_unchecked_but_not_both():
+    late_run()  # and no worker at all
+
+    with pytest.raises(CommandError, match="leave nothing to check"):
+        check("--max-lag", "off", "--max-heartbeat-age", "off")
+    with pytest.raises(CommandError, match="no worker has ever passed") as heartbeat_only:
+        check("--max-lag", "off")
+    assert "has waited" not in str(heartbeat_only.value)
+    with pytest.raises(CommandError, match="has waited 1 h") as lag_only:
+        check("--max-heartbeat-age", "off")
+    assert "no worker" not in str(lag_only.value)
+    assert check("--max-lag", "7200", "--max-heartbeat-age", "off").startswith(
+        "healthy: the oldest due run has waited 1 h; no worker"
+    )
+
+
+@pytest.mark.django_db
 def test_the_check_reads_the_heartbeats_of_the_host_and_tenant_asked_for():
     beat("web-1:7", seconds_ago=1, tenants=["acme"])
     beat("web-2:9", seconds_ago=600, hostname="web-2")

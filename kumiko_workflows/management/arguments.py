@@ -26,3 +26,10 @@ def positive_float(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise ArgumentTypeError(f"{text!r}: must be greater than 0")
     return value
+
+
+def seconds_or_off(text: str) -> float | None:
+    """A number of seconds > 0, or ``off`` (None): a limit that is not checked."""
+    if text.strip().lower() == "off":
+        return None
+    return positive_float(text)

@@ -19,7 +19,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from kumiko_workflows.engine.cron import schedule_overview
-from kumiko_workflows.management.arguments import positive_float, positive_int
+from kumiko_workflows.management.arguments import positive_int, seconds_or_off
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import humanize, step_label
 from kumiko_workflows.workflow import clock
@@ -122,15 +122,18 @@ def health(
     tenant: str | None,
     now: datetime,
     *,
-    max_lag: float,
-    max_heartbeat_age: float,
+    max_lag: float | None,
+    max_heartbeat_age: float | None,
     host: str | None = None,
 ) -> dict[str, Any]:
-    """What ``--check`` decides: the lag, the freshest heartbeat, the problems (none: healthy)."""
+    """What ``--check`` decides: the lag, the freshest heartbeat, the problems (none: healthy).
+
+    A limit of None is not checked (its reading is still reported).
+    """
     due = oldest_due(tenant, now)
     beats = workers(tenant, host)
     problems = []
-    if due is not None and due["lag_seconds"] > max_lag:
+    if max_lag is not None and due is not None and due["lag_seconds"] > max_lag:
         problems.append(
             f"the oldest due run ({due['run_id']}, {due['workflow_name']}, tenant "
             f"{due['tenant_id']}) has waited {due['lag']} for a worker: more than {max_lag:g} s"
@@ -138,11 +141,12 @@ def health(
     freshest = beats[0] if beats else None
     where = f" on host {host}" if host is not None else ""
     serving = f" serving tenant {tenant}" if tenant is not None else ""
-    if freshest is None:
+    limit = max_heartbeat_age
+    if limit is not None and freshest is None:
         problems.append(f"no worker{where}{serving} has ever passed (no heartbeat)")
-    elif freshest["age_seconds"] > max_heartbeat_age:
+    elif limit is not None and freshest is not None and freshest["age_seconds"] > limit:
         problems.append(
-            f"no worker{where}{serving} has passed in the last {max_heartbeat_age:g} s "
+            f"no worker{where}{serving} has passed in the last {limit:g} s "
             f"(the latest, {freshest['name']}, {freshest['age']} ago)"
         )
     return {
@@ -225,19 +229,19 @@ class Command(BaseCommand):
         )
         check.add_argument(
             "--max-lag",
-            type=positive_float,
+            type=seconds_or_off,
             default=60.0,
             metavar="S",
             help="the oldest due run may wait at most S seconds for a worker "
-            "(default: %(default)g)",
+            "(default: %(default)g; off: not checked)",
         )
         check.add_argument(
             "--max-heartbeat-age",
-            type=positive_float,
+            type=seconds_or_off,
             default=60.0,
             metavar="S",
-            help="some worker must have begun a pass within S seconds (default: %(default)g); "
-            "workers write a heartbeat every 5 s at most, at the start of a pass",
+            help="some worker must have begun a pass within S seconds (default: %(default)g; "
+            "off: not checked); workers write a heartbeat every 5 s at most, as a pass begins",
         )
         check.add_argument(
             "--host",
@@ -295,6 +299,8 @@ class Command(BaseCommand):
         self.stdout.write(style(line))
 
     def _check(self, now: datetime, options: dict[str, Any]) -> None:
+        if options["max_lag"] is None and options["max_heartbeat_age"] is None:
+            raise CommandError("--max-lag off and --max-heartbeat-age off leave nothing to check")
         verdict = health(
             options["tenant"],
             now,
@@ -307,7 +313,8 @@ class Command(BaseCommand):
         elif verdict["healthy"]:
             due, worker = verdict["oldest_due"], verdict["worker"]
             lag = f"the oldest due run has waited {due['lag']}" if due else "nothing is due"
-            self.stdout.write(f"healthy: {lag}; worker {worker['name']} passed {worker['age']} ago")
+            seen = f"worker {worker['name']} passed {worker['age']} ago" if worker else "no worker"
+            self.stdout.write(f"healthy: {lag}; {seen}")
         if not verdict["healthy"]:
             raise CommandError("unhealthy: " + "; ".join(verdict["problems"]))
 
