@@ -4,8 +4,10 @@ A test appends a trigger, moves the clock, and asserts on the runs; every
 run that becomes due in virtual time is resumed at its own due instant, in
 order, with no sleep and no real waiting::
 
-    from kumiko_workflows.testing import workflows  # noqa: F401 - the fixture
+    # conftest.py
+    pytest_plugins = ["kumiko_workflows.testing"]  # the ``workflows`` fixture
 
+    # test_orders.py
     def test_an_unpaid_order_is_cancelled_after_three_days(workflows):
         workflows.append_event(order_id, "order", "order.placed", {...})
         run_id = workflows.run_id("order-fulfilment", str(order_id))

@@ -14,10 +14,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-# The virtual clock fixture, as a site's conftest.py would list it.
-from kumiko_workflows.testing import workflows  # noqa: F401
-
 REPO = Path(__file__).resolve().parent.parent
+
+# The virtual clock fixture, as a site's conftest.py would list it. As a plugin
+# name, not an import: helper processes import this module before Django is set up.
+pytest_plugins = ["kumiko_workflows.testing"]
 
 
 def on_postgres() -> bool:
