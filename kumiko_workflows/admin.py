@@ -74,6 +74,7 @@ from kumiko_workflows.operations.explain import (
     when,
 )
 from kumiko_workflows.store.streams import FAILURE_REASONS
+from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import run_id_for
 
 #: Runs listed by name on the cancel confirmation page; the rest are counted.
@@ -649,7 +650,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
         context = dict(extra_context or {})
         if run is not None:
             entries = timeline(run)
-            context["kw_explanation"] = explain(run, timezone.now())
+            context["kw_explanation"] = explain(run, clock.now())
             context["kw_timeline"] = [
                 {
                     "entry": entry,
@@ -906,7 +907,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
         """Due or not yet, and for how long or until when (words, not a red cross)."""
         if row.wake_at is None:
             return "on the event (no deadline)"
-        delta = timezone.now() - row.wake_at
+        delta = clock.now() - row.wake_at
         if delta.total_seconds() >= 0:
             return f"due, for {humanize(delta)}"
         return f"not yet: in {humanize(-delta)}"
@@ -915,7 +916,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     def lateness(self, row: WorkflowRunPending) -> str:
         if row.wake_at is None:
             return "— (no deadline)"
-        delta = timezone.now() - row.wake_at
+        delta = clock.now() - row.wake_at
         if delta.total_seconds() >= 0:
             return humanize(delta)
         return f"due in {humanize(-delta)}"

@@ -13,7 +13,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from kumiko_workflows import checks  # noqa: F401 - registers the system checks
-        from kumiko_workflows.engine import purged_runs, segment, wakeups
+        from kumiko_workflows.engine import purged_runs, segment, transitions, wakeups
         from kumiko_workflows.models import Event
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
@@ -50,6 +50,15 @@ class KumikoWorkflowsConfig(AppConfig):
                 workflows.is_trigger,
                 segment.trigger_projection,
                 order=40,
+                replay=False,
+                builtin=True,
+            )
+            # Signals after commit: the last to see an event, never replayed.
+            projections.register(
+                "kumiko_workflows.signals",
+                transitions.HANDLED,
+                transitions.announce,
+                order=50,
                 replay=False,
                 builtin=True,
             )

@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from kumiko_workflows.exceptions import AppendOnlyError
+from kumiko_workflows.workflow import clock
 
 
 class EventQuerySet(models.QuerySet):
@@ -193,7 +194,7 @@ class WorkflowRun(models.Model):
 
 class WorkflowRunPendingQuerySet(models.QuerySet):
     def due(self, now: datetime | None = None) -> WorkflowRunPendingQuerySet:
-        return self.filter(wake_at__lte=now or timezone.now())
+        return self.filter(wake_at__lte=now or clock.now())
 
     def waiting_for(self, event_type: str) -> WorkflowRunPendingQuerySet:
         """``wait_for_event`` rows of that event type not yet woken by an event."""
@@ -404,3 +405,34 @@ class PurgedRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow_name} {self.run_id} (purged {self.purged_at.isoformat()})"
+
+
+class WorkerHeartbeat(models.Model):
+    """A resume worker process (``manage.py resume_due_runs``) and when it last passed.
+
+    Each worker writes its own row (``host:pid``) at most every few seconds,
+    at the start of a pass; a ``--loop`` worker deletes it when it stops. It
+    is operations bookkeeping, not workflow state: not an event, not
+    projected, never rebuilt, and not a tenant's (a worker serves tenants).
+    ``workflow_status --check`` reads it to tell whether a worker has passed
+    recently.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=300, unique=True, help_text="host:pid")
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    tenants = models.JSONField(
+        default=list, blank=True, help_text="The tenants it resumes (--tenant); empty: every one."
+    )
+    loop = models.BooleanField(default=False, help_text="A --loop worker (else one pass).")
+    started_at = models.DateTimeField()
+    seen_at = models.DateTimeField(
+        help_text="When it last began a pass (written every 5 s at most)."
+    )
+
+    class Meta:
+        verbose_name = "worker heartbeat"
+
+    def __str__(self) -> str:
+        return f"worker {self.name} (seen {self.seen_at.isoformat()})"

@@ -16,6 +16,10 @@ from django.utils import timezone
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The virtual clock fixture, as a site's conftest.py would list it. As a plugin
+# name, not an import: helper processes import this module before Django is set up.
+pytest_plugins = ["kumiko_workflows.testing"]
+
 
 def on_postgres() -> bool:
     return connection.vendor == "postgresql"

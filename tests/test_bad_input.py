@@ -183,6 +183,22 @@ def test_a_result_too_big_to_suspend_with_fails_the_run_at_resume(past, settings
     assert resume_due_runs().processed == 0  # not a poison row that fails every pass
 
 
+def test_results_too_big_to_keep_at_completion_are_left_out_and_the_run_completes(settings):
+    """The completion keeps the final results when they fit; when not, the run still completes."""
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "MAX_PAYLOAD_BYTES": 10_000}
+    small = trigger("t.fine-result", size=10)
+    big = trigger("t.fine-result", size=20_000)
+
+    for event, state in (
+        (small, {"results": {"big": "x" * 10}, "awaited": {}}),
+        (big, None),
+    ):
+        run_id = run_id_for("t-fine-result", event.payload["run_key"])
+        assert types_of(run_id) == [et.RUN_STARTED, et.RUN_COMPLETED]
+        assert run_events(run_id)[-1].payload["state"] == state
+        assert WorkflowRun.objects.get(run_id=run_id).status == "completed"
+
+
 # --- results too large for JSON -----------------------------------------------------
 
 

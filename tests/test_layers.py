@@ -22,6 +22,7 @@ LAYERS = [
     ("kumiko_workflows.event_types", 0),
     ("kumiko_workflows.exceptions", 0),
     ("kumiko_workflows.conf", 0),
+    ("kumiko_workflows.signals", 0),  # the signals' definitions: what a site connects to
     ("kumiko_workflows.models", 1),
     ("kumiko_workflows.routers", 1),
     ("kumiko_workflows.store", 1),

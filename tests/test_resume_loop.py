@@ -23,7 +23,18 @@ def test_due_wait_resumes_to_completion_and_pending_row_goes(past):
     report = resume_due_runs()
 
     assert types_of(run_id) == [et.RUN_STARTED, et.WAITING, et.RESUMED, et.RUN_COMPLETED]
-    assert run_events(run_id)[3].payload == {"workflow_name": "t-wait", "step_count": 3}
+    # The completion keeps the run's final step results.
+    assert run_events(run_id)[3].payload == {
+        "workflow_name": "t-wait",
+        "step_count": 3,
+        "state": {
+            "results": {
+                "before": {"step": "before", "seen": []},
+                "after": {"step": "after", "seen": ["before"]},
+            },
+            "awaited": {},
+        },
+    }
     assert not WorkflowRunPending.objects.filter(run_id=run_id).exists()
     assert (report.resumed, report.completed) == (1, 1)
     assert WorkflowRun.objects.get(run_id=run_id).status == "completed"

@@ -33,7 +33,6 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError
-from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import import_callable, workflow_settings
@@ -42,6 +41,7 @@ from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionC
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store import db
 from kumiko_workflows.store.events import append_event, engine_stream, name_problem
+from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import (
     CronTrigger,
     Workflow,
@@ -72,7 +72,7 @@ _ATTEMPTS = 3
 
 def _aware(now: datetime | None) -> datetime:
     if now is None:
-        return timezone.now()
+        return clock.now()
     if not isinstance(now, datetime):
         raise TypeError(f"now must be an aware datetime, got {now!r}")
     if now.tzinfo is None or now.utcoffset() is None:

@@ -21,7 +21,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import F
-from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
@@ -56,7 +55,7 @@ from kumiko_workflows.store.streams import (
     fail_run,
     raised,
 )
-from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow import clock, suspensions
 from kumiko_workflows.workflow.definition import Workflow, parse_path, registry
 from kumiko_workflows.workflow.jsonvalues import text_problem
 
@@ -284,15 +283,15 @@ def resume_due_runs(
     # Rows due at the pass's start are picked; each runs at its own moment, so
     # waits and backoffs it starts are not shortened by a long pass.
     fixed = now
-    start = fixed or timezone.now()
+    start = fixed or clock.now()
 
-    def clock() -> datetime:
-        return fixed or timezone.now()
+    def moment() -> datetime:
+        return fixed or clock.now()
 
     report = ResumeReport()
     tenants = [tenant_id] if tenant_id is not None else db.due_tenants(start)
     for tenant in tenants:
-        _drain_tenant(tenant, start, clock, report, limit, should_stop or (lambda: False))
+        _drain_tenant(tenant, start, moment, report, limit, should_stop or (lambda: False))
         if should_stop and should_stop():
             break
     return report

@@ -357,10 +357,7 @@ def run_segment(
                 suspension = suspended
             savepoint.paused = True  # the run's own events need none
             if suspension is None:
-                stream.append(
-                    event_types.RUN_COMPLETED,
-                    {"workflow_name": workflow.name, "step_count": len(workflow.steps)},
-                )
+                _complete(workflow, stream, ctx)
                 outcome = "completed"
             else:
                 _suspend(workflow, stream, ctx, suspension)
@@ -380,6 +377,24 @@ def run_segment(
         raise
     savepoint.end(None)
     return outcome
+
+
+def _complete(workflow: Workflow, stream: RunStream, ctx: RunContext) -> None:
+    """Append ``workflow.run-completed`` with the final step results (awaited events by id).
+
+    The results are what a run produced; kept in the event, as every
+    suspension keeps them, they outlive the run. Results too big for an
+    event (refused before any SQL) are left out: the run completed all the same.
+    """
+    payload = {
+        "workflow_name": workflow.name,
+        "step_count": len(workflow.steps),
+        "state": ctx.snapshot(),
+    }
+    try:
+        stream.append(event_types.RUN_COMPLETED, payload)
+    except InvalidEvent:
+        stream.append(event_types.RUN_COMPLETED, {**payload, "state": None})
 
 
 def _suspend(workflow: Workflow, stream: RunStream, ctx: RunContext, suspension: Suspend) -> None:

@@ -19,11 +19,12 @@ import logging
 import os
 import select
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
 
@@ -40,7 +41,7 @@ from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.cron import fire_due_schedules
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
 from kumiko_workflows.exceptions import WorkerAlreadyRunning
-from kumiko_workflows.models import WorkflowRunPending
+from kumiko_workflows.models import WorkerHeartbeat, WorkflowRunPending
 from kumiko_workflows.store import db
 
 logger = logging.getLogger("kumiko_workflows.worker")
@@ -48,6 +49,11 @@ logger = logging.getLogger("kumiko_workflows.worker")
 #: Errors that mean "the database is unreachable or the connection broke".
 CONNECTION_ERRORS = (DatabaseError, InterfaceError)
 _MAX_BACKOFF = 30.0
+#: Seconds between two heartbeats of one worker, at least.
+HEARTBEAT_SECONDS = 5.0
+#: Heartbeats older than this are deleted when a worker writes its first one:
+#: one-shot passes (from cron) leave theirs, and a killed worker cannot delete its own.
+HEARTBEAT_KEPT = timedelta(days=1)
 
 
 @dataclass
@@ -187,6 +193,76 @@ class Listener:
             self.conn = None
 
 
+class Heartbeat:
+    """The worker's row of :class:`~kumiko_workflows.models.WorkerHeartbeat`.
+
+    Written at the start of a pass, at most every :data:`HEARTBEAT_SECONDS`:
+    one UPDATE of the worker's own row (an INSERT the first time). Its
+    instants are the real time, not the engine's clock: orchestrators read
+    them. A heartbeat that cannot be written (the table not migrated yet)
+    is logged once and never stops the worker; a broken connection is raised
+    like any other, so the worker backs off.
+    """
+
+    def __init__(self, tenants: Sequence[str], loop: bool) -> None:
+        self.hostname = socket.gethostname()[:255]
+        self.name = f"{self.hostname}:{os.getpid()}"
+        self.tenants = list(tenants)
+        self.loop = loop
+        self.started_at = timezone.now()
+        self._pk: int | None = None
+        self._last: float | None = None
+        self._warned = False
+
+    def beat(self) -> None:
+        if self._last is not None and time.monotonic() - self._last < HEARTBEAT_SECONDS:
+            return
+        self._last = time.monotonic()
+        try:
+            self._write(timezone.now())
+        except CONNECTION_ERRORS as exc:
+            if db.connection_broken():
+                raise
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "the worker's heartbeat could not be written (%s: %s); "
+                    "is the kumiko_workflows migration applied?",
+                    type(exc).__name__,
+                    str(exc).strip().splitlines()[0] if str(exc) else "",
+                )
+
+    def _write(self, now: datetime) -> None:
+        # In a block of its own: a refused statement never spoils a caller's transaction.
+        with db.atomic():
+            rows = WorkerHeartbeat.objects.filter(pk=self._pk) if self._pk is not None else None
+            if rows is not None and rows.update(seen_at=now):
+                return
+            WorkerHeartbeat.objects.filter(seen_at__lt=now - HEARTBEAT_KEPT).delete()
+            row, _ = WorkerHeartbeat.objects.update_or_create(
+                name=self.name,
+                defaults={
+                    "hostname": self.hostname,
+                    "pid": os.getpid(),
+                    "tenants": self.tenants,
+                    "loop": self.loop,
+                    "started_at": self.started_at,
+                    "seen_at": now,
+                },
+            )
+        self._pk = row.pk
+
+    def stop(self) -> None:
+        """Delete the row: the worker stopped on purpose (best effort)."""
+        if self._pk is None:
+            return
+        try:
+            WorkerHeartbeat.objects.filter(pk=self._pk).delete()
+        except CONNECTION_ERRORS:
+            logger.warning("the worker's heartbeat could not be deleted; it goes stale")
+        self._pk = None
+
+
 class Worker:
     """Runs resume passes once or in a loop; see the module docstring."""
 
@@ -200,6 +276,8 @@ class Worker:
         cron: bool = True,
         on_pass: Callable[[PassResult], None] | None = None,
         on_start: Callable[[str], None] | None = None,
+        heartbeat: bool = True,
+        loop: bool = False,
     ) -> None:
         self.tenants = list(tenants or [])
         self.limit = limit
@@ -217,6 +295,7 @@ class Worker:
         self.passes = 0
         self.errors = 0
         self._wakeup_r: int | None = None
+        self.heartbeat = Heartbeat(self.tenants, loop) if heartbeat else None
 
     @property
     def handled(self) -> int:
@@ -258,6 +337,8 @@ class Worker:
             return self.run_once(now)
 
     def run_once(self, now: datetime | None = None) -> PassResult:
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
         fired = cron_errors = 0
         if self.cron:
 
@@ -343,6 +424,8 @@ class Worker:
         finally:
             if listener is not None:
                 listener.close()
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
             self._restore_signals()
 
     def _done(self) -> bool:

@@ -40,3 +40,10 @@ def aware_instant(text: str) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ArgumentTypeError(f"{text!r} has no UTC offset; give one, e.g. {text}+00:00")
     return value
+
+
+def seconds_or_off(text: str) -> float | None:
+    """A number of seconds > 0, or ``off`` (None): a limit that is not checked."""
+    if text.strip().lower() == "off":
+        return None
+    return positive_float(text)

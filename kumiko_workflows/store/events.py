@@ -36,6 +36,7 @@ from kumiko_workflows.models import Event
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
 from kumiko_workflows.store.dispatch import others_listen_to_post_save, registry
+from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.jsonvalues import (
     NotJSON,
     compact_json,
@@ -301,9 +302,9 @@ def _prepared(
         # The event takes expected_version + 1, which must fit the column too.
         _counter(expected_version, "expected_version", 0, _column_max("version") - 1)
     _counter(event_version, "event_version", 1, _column_max("event_version"))
-    created_at_field = _created_at_field()  # (which checks the order Event is built in below)
+    _created_at_field()  # checks the order Event is built in below
     if created_at is None:
-        created_at = created_at_field.get_default()
+        created_at = clock.now()  # the engine's clock: a test's virtual time, if it set one
     elif not isinstance(created_at, datetime):
         raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
     elif created_at.tzinfo is None or created_at.utcoffset() is None:

@@ -279,6 +279,14 @@ faults_big_result = define_workflow(
     ],
 )
 
+#: Completes at once: its final results go into ``workflow.run-completed``, if they fit.
+fine_result = define_workflow(
+    name="t-fine-result",
+    trigger=on_event("t.fine-result"),
+    idempotency_key=run_key,
+    steps=[steps.compute("big", big_result)],
+)
+
 
 def append_as_told(ctx):
     """Append a domain event with one bad argument, chosen by the trigger payload.

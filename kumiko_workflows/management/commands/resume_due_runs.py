@@ -127,6 +127,7 @@ class Command(BaseCommand):
             cron=options["cron"],
             on_pass=report,
             on_start=started,
+            loop=options["loop"],
         )
         if options["loop"]:
             try:

@@ -1,9 +1,12 @@
-"""``manage.py workflow_status [--tenant T] [--failed] [--json]``.
+"""``manage.py workflow_status [--tenant T] [--failed] [--json] [--check ...]``.
 
 Counts of runs by workflow and status, the runs in flight per workflow and
 version, the pending rows and the oldest due one with its lag (how long it
-has waited for a worker), and with ``--failed`` the failed runs with their
-reason and step.
+has waited for a worker), the workers and when each last passed, and with
+``--failed`` the failed runs with their reason and step. ``--check`` is a
+health check for orchestrators: it reads only the oldest due row and the
+workers' heartbeats, and exits 1 when the lag is over ``--max-lag`` or no
+worker has passed within ``--max-heartbeat-age``.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 from django.utils import timezone
 
 from kumiko_workflows.engine.cron import schedule_overview
-from kumiko_workflows.management.arguments import positive_int
-from kumiko_workflows.models import RunStatus, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.management.arguments import positive_int, seconds_or_off
+from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import humanize, step_label
 from kumiko_workflows.operations.versions import VersionRow, version_lines, version_table
+from kumiko_workflows.workflow import clock
 
 
 def status_report(
@@ -38,26 +42,17 @@ def status_report(
 
     pending = WorkflowRunPending.objects.for_tenant(tenant)
     due = pending.due(now)
-    oldest = due.order_by("wake_at", "id").first()
-    oldest_due = None
-    if oldest is not None and oldest.wake_at is not None:
-        lag = now - oldest.wake_at
-        oldest_due = {
-            "run_id": str(oldest.run_id),
-            "tenant_id": oldest.tenant_id,
-            "workflow_name": oldest.workflow_name,
-            "step": oldest.step,
-            "suspension_type": oldest.suspension_type,
-            "due_since": oldest.wake_at.isoformat(),
-            "lag_seconds": round(lag.total_seconds(), 3),
-            "lag": humanize(lag),
-        }
     report: dict[str, Any] = {
         "now": now.isoformat(),
         "tenant": tenant,
         "workflows": dict(sorted(workflows.items())),
         "in_flight": [row.as_dict() for row in version_table(tenant) if row.in_flight],
-        "pending": {"total": pending.count(), "due": due.count(), "oldest_due": oldest_due},
+        "pending": {
+            "total": pending.count(),
+            "due": due.count(),
+            "oldest_due": oldest_due(tenant, now),
+        },
+        "workers": workers(tenant),
     }
     report["cron"] = cron_schedules(tenant, now)
     if failed_limit is not None:
@@ -78,6 +73,94 @@ def status_report(
             for run in rows
         ]
     return report
+
+
+def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:
+    """The oldest due pending row and how long it has waited for a worker (its lag), or None."""
+    due = WorkflowRunPending.objects.for_tenant(tenant).due(now)
+    oldest = due.order_by("wake_at", "id").first()
+    if oldest is None or oldest.wake_at is None:
+        return None
+    lag = now - oldest.wake_at
+    return {
+        "run_id": str(oldest.run_id),
+        "tenant_id": oldest.tenant_id,
+        "workflow_name": oldest.workflow_name,
+        "step": oldest.step,
+        "suspension_type": oldest.suspension_type,
+        "due_since": oldest.wake_at.isoformat(),
+        "lag_seconds": round(lag.total_seconds(), 3),
+        "lag": humanize(lag),
+    }
+
+
+def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
+    """The workers' heartbeats, freshest first: those serving ``tenant``, on ``host``.
+
+    Their age is measured on the real clock, as they were written.
+    """
+    now = timezone.now()
+    rows = []
+    for beat in WorkerHeartbeat.objects.order_by("-seen_at", "name"):
+        serves = not beat.tenants or tenant is None or tenant in beat.tenants
+        if not serves or (host is not None and beat.hostname != host):
+            continue
+        age = now - beat.seen_at
+        rows.append(
+            {
+                "name": beat.name,
+                "hostname": beat.hostname,
+                "pid": beat.pid,
+                "tenants": beat.tenants or None,
+                "loop": beat.loop,
+                "started_at": beat.started_at.isoformat(),
+                "seen_at": beat.seen_at.isoformat(),
+                "age_seconds": round(age.total_seconds(), 3),
+                "age": humanize(age),
+            }
+        )
+    return rows
+
+
+def health(
+    tenant: str | None,
+    now: datetime,
+    *,
+    max_lag: float | None,
+    max_heartbeat_age: float | None,
+    host: str | None = None,
+) -> dict[str, Any]:
+    """What ``--check`` decides: the lag, the freshest heartbeat, the problems (none: healthy).
+
+    A limit of None is not checked (its reading is still reported).
+    """
+    due = oldest_due(tenant, now)
+    beats = workers(tenant, host)
+    problems = []
+    if max_lag is not None and due is not None and due["lag_seconds"] > max_lag:
+        problems.append(
+            f"the oldest due run ({due['run_id']}, {due['workflow_name']}, tenant "
+            f"{due['tenant_id']}) has waited {due['lag']} for a worker: more than {max_lag:g} s"
+        )
+    freshest = beats[0] if beats else None
+    where = f" on host {host}" if host is not None else ""
+    serving = f" serving tenant {tenant}" if tenant is not None else ""
+    limit = max_heartbeat_age
+    if limit is not None and freshest is None:
+        problems.append(f"no worker{where}{serving} has ever passed (no heartbeat)")
+    elif limit is not None and freshest is not None and freshest["age_seconds"] > limit:
+        problems.append(
+            f"no worker{where}{serving} has passed in the last {limit:g} s "
+            f"(the latest, {freshest['name']}, {freshest['age']} ago)"
+        )
+    return {
+        "healthy": not problems,
+        "problems": problems,
+        "max_lag_seconds": max_lag,
+        "max_heartbeat_age_seconds": max_heartbeat_age,
+        "oldest_due": due,
+        "worker": freshest,
+    }
 
 
 # --- cron schedules (owned by kumiko_workflows.cron) ----------------------------
@@ -131,7 +214,8 @@ def print_cron(command: BaseCommand, rows: list[dict[str, Any]]) -> None:
 class Command(BaseCommand):
     help = (
         "Show workflow runs by workflow and status, the pending rows and the oldest due one "
-        "with its lag; --failed lists failed runs with reason and step."
+        "with its lag, and the workers; --failed lists failed runs with reason and step; "
+        "--check is a health check (exit 1 when the lag or the workers' heartbeats are too old)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -147,9 +231,41 @@ class Command(BaseCommand):
             help="list at most N failed runs (default: %(default)s)",
         )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        check = parser.add_argument_group(
+            "health check", "for orchestrators: print the verdict, exit 1 when unhealthy"
+        )
+        check.add_argument(
+            "--check",
+            action="store_true",
+            help="check only the lag and the workers' heartbeats; exit 1 on a problem",
+        )
+        check.add_argument(
+            "--max-lag",
+            type=seconds_or_off,
+            default=60.0,
+            metavar="S",
+            help="the oldest due run may wait at most S seconds for a worker "
+            "(default: %(default)g; off: not checked)",
+        )
+        check.add_argument(
+            "--max-heartbeat-age",
+            type=seconds_or_off,
+            default=60.0,
+            metavar="S",
+            help="some worker must have begun a pass within S seconds (default: %(default)g; "
+            "off: not checked); workers write a heartbeat every 5 s at most, as a pass begins",
+        )
+        check.add_argument(
+            "--host",
+            metavar="H",
+            help="only heartbeats of workers on host H (a pod's own, for a liveness probe)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        now = timezone.now()
+        now = clock.now()
+        if options["check"]:
+            self._check(now, options)
+            return
         report = status_report(
             options["tenant"], now, options["limit"] if options["failed"] else None
         )
@@ -159,6 +275,7 @@ class Command(BaseCommand):
         self._print_counts(report)
         self._print_versions(report)
         self._print_pending(report)
+        self._print_workers(report["workers"])
         if "failed" in report:
             self._print_failed(report["failed"])
         print_cron(self, report["cron"])
@@ -207,6 +324,34 @@ class Command(BaseCommand):
         )
         style = self.style.WARNING if oldest["lag_seconds"] > 60 else (lambda text: text)
         self.stdout.write(style(line))
+
+    def _check(self, now: datetime, options: dict[str, Any]) -> None:
+        if options["max_lag"] is None and options["max_heartbeat_age"] is None:
+            raise CommandError("--max-lag off and --max-heartbeat-age off leave nothing to check")
+        verdict = health(
+            options["tenant"],
+            now,
+            max_lag=options["max_lag"],
+            max_heartbeat_age=options["max_heartbeat_age"],
+            host=options["host"],
+        )
+        if options["json"]:
+            self.stdout.write(json.dumps(verdict, indent=2))
+        elif verdict["healthy"]:
+            due, worker = verdict["oldest_due"], verdict["worker"]
+            lag = f"the oldest due run has waited {due['lag']}" if due else "nothing is due"
+            seen = f"worker {worker['name']} passed {worker['age']} ago" if worker else "no worker"
+            self.stdout.write(f"healthy: {lag}; {seen}")
+        if not verdict["healthy"]:
+            raise CommandError("unhealthy: " + "; ".join(verdict["problems"]))
+
+    def _print_workers(self, rows: list[dict[str, Any]]) -> None:
+        self.stdout.write(self.style.MIGRATE_HEADING("Workers") + f"  {len(rows)} with a heartbeat")
+        for row in rows:
+            scope = ", ".join(row["tenants"]) if row["tenants"] else "every tenant"
+            kind = "--loop" if row["loop"] else "one pass"
+            line = f"  {row['name']}  {kind}, {scope}; last passed {row['age']} ago"
+            self.stdout.write(line)
 
     def _print_failed(self, failed: list[dict[str, Any]]) -> None:
         self.stdout.write(self.style.MIGRATE_HEADING(f"Failed runs ({len(failed)} shown)"))

@@ -1,0 +1,37 @@
+"""Django signals a site connects to, to react when a run changes state.
+
+Each is sent once per transition, after the transaction that wrote the
+transition's run event commits (``transaction.on_commit`` on the engine's
+database), and never for a transition that was rolled back: a caller's
+transaction around an inline start, a step's savepoint, a worker's batch.
+
+``sender`` is the workflow (the object ``define_workflow`` returned), so
+``run_completed.connect(receiver, sender=order_fulfilment)`` hears one
+workflow only; it is None when the workflow is no longer registered (a run
+failed with ``workflow_definition_changed``). Every signal has the keyword
+arguments ``run_id`` (UUID), ``workflow_name``, ``tenant_id`` and ``event``
+(the run's :class:`~kumiko_workflows.models.Event` that made the
+transition); the others are listed beside each signal.
+
+A receiver that raises is logged (logger ``kumiko_workflows.signals``) and
+does not keep the other receivers from running; the run is committed by then.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: ``workflow.run-started``: also ``idempotency_key`` and ``trigger_event_id``.
+run_started = Signal()
+#: ``workflow.step.waiting``, ``workflow.step.waiting-for-event`` or
+#: ``workflow.retry.scheduled``: also ``step`` (its position, e.g. ``"2.else.1"``),
+#: ``suspension_type`` (``"wait"``, ``"event"``, ``"retry"``) and ``wake_at``
+#: (an aware datetime; None for a ``wait_for_event`` without a timeout).
+run_suspended = Signal()
+#: ``workflow.run-completed``.
+run_completed = Signal()
+#: ``workflow.run-failed``: also ``reason`` (e.g. ``"step_failed"``), ``step``
+#: and ``error_class`` (never the error's text: that is in ``WorkflowRun.last_error``).
+run_failed = Signal()
+#: ``workflow.run-cancelled``: also ``reason`` and ``by``.
+run_cancelled = Signal()

@@ -1,0 +1,193 @@
+"""``workflow_status --check``: the lag and the workers' heartbeats, for orchestrators.
+
+The heartbeat is written by real worker processes (``resume_due_runs``);
+the verdict is read by the command, as a probe would run it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from kumiko_workflows.engine.worker import Heartbeat
+from kumiko_workflows.models import WorkerHeartbeat
+from kumiko_workflows.testing import virtual_clock
+from tests.conftest import run_manage, trigger
+from tests.test_worker import start_worker, stop, wait_for
+
+
+def check(*args):
+    out = io.StringIO()
+    call_command("workflow_status", "--check", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def beat(name="web-1:7", seconds_ago=0.0, tenants=(), hostname="web-1"):
+    seen = timezone.now() - timedelta(seconds=seconds_ago)
+    return WorkerHeartbeat.objects.create(
+        name=name,
+        hostname=hostname,
+        pid=7,
+        tenants=list(tenants),
+        loop=True,
+        started_at=seen,
+        seen_at=seen,
+    )
+
+
+# --- real workers ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_looping_worker_keeps_the_check_healthy_and_takes_its_heartbeat_when_it_stops():
+    worker = start_worker("--interval", "0.2")
+    try:
+        first = wait_for(
+            lambda: WorkerHeartbeat.objects.filter(pid=worker.pid).first(), "a heartbeat"
+        )
+        assert first.loop and first.tenants == [] and first.name.endswith(f":{worker.pid}")
+        # It passes every 0.2 s, but writes its row every 5 s at most.
+        later = wait_for(
+            lambda: WorkerHeartbeat.objects.filter(pk=first.pk, seen_at__gt=first.seen_at).first(),
+            "the next heartbeat",
+        )
+        assert (later.seen_at - first.seen_at).total_seconds() >= 4.9
+
+        healthy = run_manage("workflow_status", "--check", "--max-lag", "60")
+        assert healthy.returncode == 0, healthy.stderr
+        assert f"worker {first.name} passed" in healthy.stdout
+        own = run_manage("workflow_status", "--check", "--host", first.hostname)
+        assert own.returncode == 0, own.stderr
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code, _, err = stop(worker)
+    assert code == 0, err
+
+    assert not WorkerHeartbeat.objects.exists(), "a worker stopped on purpose takes its row"
+    gone = run_manage("workflow_status", "--check")
+    assert gone.returncode == 1
+    assert "unhealthy: no worker has ever passed (no heartbeat)" in gone.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_worker_leaves_a_heartbeat_that_goes_stale():
+    worker = start_worker("--interval", "0.2")
+    row = wait_for(lambda: WorkerHeartbeat.objects.filter(pid=worker.pid).first(), "a heartbeat")
+    worker.kill()
+    stop(worker)
+    wait_for(lambda: timezone.now() - row.seen_at > timedelta(seconds=1.5), "a second to pass")
+
+    stale = run_manage("workflow_status", "--check", "--max-heartbeat-age", "1")
+
+    assert stale.returncode == 1
+    assert "no worker has passed in the last 1 s" in stale.stderr
+    assert f"(the latest, {row.name}, " in stale.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_one_shot_pass_from_cron_leaves_its_heartbeat():
+    result = run_manage("resume_due_runs", "--no-cron")
+    assert result.returncode == 0, result.stderr
+    row = WorkerHeartbeat.objects.get()
+    assert not row.loop
+    assert run_manage("workflow_status", "--check", "--max-heartbeat-age", "120").returncode == 0
+
+
+# --- the verdict ---------------------------------------------------------------------
+
+
+def late_run():
+    """A run due an hour ago that no worker took: started on a clock an hour behind."""
+    with virtual_clock(timezone.now() - timedelta(hours=1)):
+        trigger("t.wait", **{"for": "PT0S"})
+
+
+@pytest.mark.django_db
+def test_the_check_fails_when_the_oldest_due_run_has_waited_longer_than_max_lag():
+    late_run()
+    beat()
+
+    with pytest.raises(CommandError) as late:
+        check("--max-lag", "60")
+    assert "has waited 1 h for a worker: more than 60 s" in str(late.value)
+    assert "heartbeat" not in str(late.value), "the worker is fine: only the lag is reported"
+
+    assert check("--max-lag", "7200").startswith(
+        "healthy: the oldest due run has waited 1 h; worker web-1:7 passed"
+    )
+
+
+@pytest.mark.django_db
+def test_either_limit_can_be_left_unchecked_but_not_both():
+    late_run()  # and no worker at all
+
+    with pytest.raises(CommandError, match="leave nothing to check"):
+        check("--max-lag", "off", "--max-heartbeat-age", "off")
+    with pytest.raises(CommandError, match="no worker has ever passed") as heartbeat_only:
+        check("--max-lag", "off")
+    assert "has waited" not in str(heartbeat_only.value)
+    with pytest.raises(CommandError, match="has waited 1 h") as lag_only:
+        check("--max-heartbeat-age", "off")
+    assert "no worker" not in str(lag_only.value)
+    assert check("--max-lag", "7200", "--max-heartbeat-age", "off").startswith(
+        "healthy: the oldest due run has waited 1 h; no worker"
+    )
+
+
+@pytest.mark.django_db
+def test_the_check_reads_the_heartbeats_of_the_host_and_tenant_asked_for():
+    beat("web-1:7", seconds_ago=1, tenants=["acme"])
+    beat("web-2:9", seconds_ago=600, hostname="web-2")
+
+    assert "healthy: nothing is due; worker web-1:7" in check()
+    assert "worker web-1:7" in check("--tenant", "acme")
+    with pytest.raises(CommandError, match=r"no worker serving tenant globex has passed"):
+        check("--tenant", "globex")  # only web-2 serves every tenant, and it is stale
+    with pytest.raises(CommandError, match=r"no worker on host web-2 has passed in the last 60 s"):
+        check("--host", "web-2")
+    with pytest.raises(CommandError, match=r"no worker on host web-3 has ever passed"):
+        check("--host", "web-3")
+
+
+@pytest.mark.django_db
+def test_the_check_as_json_and_the_workers_in_the_status():
+    late_run()
+    beat("web-1:7", seconds_ago=90)
+
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("workflow_status", "--check", "--json", stdout=out, stderr=io.StringIO())
+    verdict = json.loads(out.getvalue())
+    assert verdict["healthy"] is False and len(verdict["problems"]) == 2
+    assert verdict["oldest_due"]["lag_seconds"] > 3600
+    assert verdict["worker"]["name"] == "web-1:7" and verdict["worker"]["age_seconds"] >= 90
+
+    status = io.StringIO()
+    call_command("workflow_status", stdout=status)
+    assert "Workers  1 with a heartbeat" in status.getvalue()
+    assert "web-1:7  --loop, every tenant; last passed 1 min 30 s ago" in status.getvalue()
+
+
+@pytest.mark.django_db
+def test_a_heartbeat_is_written_at_most_every_few_seconds_and_prunes_day_old_rows(
+    django_assert_num_queries,
+):
+    beat("gone:1", seconds_ago=2 * 86400)
+    beat("recent:1", seconds_ago=3600)
+    heartbeat = Heartbeat(["acme"], loop=True)
+
+    heartbeat.beat()
+    with django_assert_num_queries(0):
+        heartbeat.beat()  # within 5 s of the last one: nothing written
+
+    names = set(WorkerHeartbeat.objects.values_list("name", flat=True))
+    assert names == {"recent:1", heartbeat.name}
+    assert WorkerHeartbeat.objects.get(name=heartbeat.name).tenants == ["acme"]
+    heartbeat.stop()
+    assert not WorkerHeartbeat.objects.filter(name=heartbeat.name).exists()
