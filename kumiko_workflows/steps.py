@@ -70,7 +70,7 @@ class Suspend(Exception):
 
 
 class Execution(Protocol):
-    """What the engine offers a step while it runs (:class:`kumiko_workflows.runner.Executor`).
+    """What the engine offers a step while it runs (:class:`kumiko_workflows.engine.segment.Executor`).
 
     Every method that reports a problem returns the exception to raise, so a
     step kind needs nothing from the engine's modules but this.

@@ -1,11 +1,12 @@
 """Resuming suspended runs, and the operations on a run: cancel, wake, rerun.
 
 ``resume_due_runs`` claims due pending rows one at a time (``FOR UPDATE SKIP
-LOCKED`` on PostgreSQL, so racing workers never pick the same row), resumes
-each in a savepoint of its own and commits a batch at a time. The claim is appending
-``workflow.step.resumed`` at the version after the suspension: the stream's
-unique (tenant_id, aggregate_id, version) decides every race, so each
-suspension is resumed at most once.
+LOCKED`` on PostgreSQL, so racing workers never pick the same row; the claim
+deletes the row), resumes each and commits a batch at a time (see
+:func:`_drain_tenant`). ``workflow.step.resumed`` goes in at the version
+after the suspension, with the segment's last event: the stream's unique
+(tenant_id, aggregate_id, version) still referees, so each suspension is
+resumed at most once.
 """
 
 from __future__ import annotations
