@@ -487,18 +487,27 @@ def lock_projection_tables() -> None:
         WorkflowRunPending.objects.filter(pk=-1).update(step="")
 
 
+def _pending_tenants(table: str) -> str:
+    """``WITH RECURSIVE tenants``: the tenants with pending rows, by a loose index scan.
+
+    One index probe per tenant (the next ``tenant_id`` after the last), however
+    many rows each has.
+    """
+    return f"""WITH RECURSIVE tenants(tenant_id) AS (
+                SELECT MIN(tenant_id) FROM {table}
+                UNION ALL
+                SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
+                FROM tenants t WHERE t.tenant_id IS NOT NULL
+            )"""  # noqa: S608 - the table name comes from the model
+
+
 def due_tenants(now: datetime) -> list[str]:
     """Tenants that have at least one due row (a loose index scan on (tenant_id, wake_at))."""
 
     def build() -> str:
         table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
         return f"""
-            WITH RECURSIVE tenants(tenant_id) AS (
-                SELECT MIN(tenant_id) FROM {table}
-                UNION ALL
-                SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
-                FROM tenants t WHERE t.tenant_id IS NOT NULL
-            )
+            {_pending_tenants(table)}
             SELECT t.tenant_id FROM tenants t
             WHERE t.tenant_id IS NOT NULL AND EXISTS (
                 SELECT 1 FROM {table} d WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s
@@ -508,6 +517,32 @@ def due_tenants(now: datetime) -> list[str]:
     with engine().cursor() as cursor:
         cursor.execute(statement(("due_tenants",), build), [now])
         return [tenant for (tenant,) in cursor.fetchall()]
+
+
+def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """Due pending rows per tenant that has pending rows, each counted up to ``cap``.
+
+    For the due-backlog gauge (:mod:`kumiko_workflows.telemetry`): a loose
+    index scan finds the tenants (one probe each), and each tenant's count
+    reads only its due range of ``kw_pending_due``, never its rows due later.
+    """
+
+    def build() -> str:
+        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
+        return f"""
+            {_pending_tenants(table)}
+            SELECT t.tenant_id, (
+                SELECT COUNT(*) FROM (
+                    SELECT 1 FROM {table} d
+                    WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s LIMIT %s
+                ) due
+            )
+            FROM tenants t WHERE t.tenant_id IS NOT NULL
+        """  # noqa: S608 - the table name comes from the model; values are parameters
+
+    with engine().cursor() as cursor:
+        cursor.execute(statement(("due_backlog",), build), [now, cap])
+        return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
 
 
 def connection_broken() -> bool:
