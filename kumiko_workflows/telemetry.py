@@ -40,9 +40,9 @@ from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.definition import registry
 
 try:
-    from opentelemetry import metrics, trace
+    from opentelemetry import context, metrics, trace
 except ImportError:  # the optional extra is not installed: every hook is a no-op
-    metrics = trace = None  # type: ignore[assignment]
+    context = metrics = trace = None  # type: ignore[assignment]
 
 logger = logging.getLogger("kumiko_workflows.telemetry")
 
@@ -150,6 +150,8 @@ class _Segment:
     run_id: Any  # None until a start appends its run's first event
     link: str | None  # the run's start span, as a traceparent
     outcome: str
+    #: A resume's counts, added at its commit in one go (a start's go one by one).
+    counts: list[tuple[Any, dict[str, Any]]] | None = None
 
 
 _segment: ContextVar[_Segment | None] = ContextVar("kumiko_telemetry_segment", default=None)
@@ -158,8 +160,8 @@ _segment: ContextVar[_Segment | None] = ContextVar("kumiko_telemetry_segment", d
 def _traceparent(span: Any) -> str | None:
     if not span.is_recording():
         return None
-    context = span.get_span_context()
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+    found = span.get_span_context()
+    return f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
 
 
 def _span_context(traceparent: Any) -> Any:
@@ -187,6 +189,20 @@ def _at_commit(func: Callable[[], Any]) -> None:
     db.on_commit(func, robust=True)
 
 
+def _current(span: Any) -> Any:
+    """Make ``span`` the current one; the token :func:`_end` takes.
+
+    Cheaper than ``start_as_current_span``'s context managers, on every step.
+    """
+    return context.attach(trace.set_span_in_context(span))
+
+
+def _end(span: Any, token: Any, outcome: str) -> None:
+    context.detach(token)
+    span.set_attribute(OUTCOME, outcome)
+    span.end()
+
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -207,23 +223,19 @@ def traced_start(start_run: _F) -> _F:
         active = _active
         assert active is not None
         attributes = {WORKFLOW: workflow.name, VERSION: workflow.version, TENANT: event.tenant_id}
-        with active.tracer.start_as_current_span(
-            f"start {workflow.name}",
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            segment = _Segment(span, None, _traceparent(span), "filtered")
-            token = _segment.set(segment)
-            try:
-                return start_run(workflow, event, *args, **kwargs)
-            except BaseException as exc:
-                segment.outcome = "error"
-                _error(span, type(exc).__name__, None)
-                raise
-            finally:
-                _segment.reset(token)
-                span.set_attribute(OUTCOME, segment.outcome)
+        span = active.tracer.start_span(f"start {workflow.name}", attributes=attributes)
+        token = _current(span)
+        segment = _Segment(span, None, _traceparent(span), "filtered")
+        running = _segment.set(segment)
+        try:
+            return start_run(workflow, event, *args, **kwargs)
+        except BaseException as exc:
+            segment.outcome = "error"
+            _error(span, type(exc).__name__, None)
+            raise
+        finally:
+            _segment.reset(running)
+            _end(span, token, segment.outcome)
 
     return start  # type: ignore[return-value]
 
@@ -257,34 +269,38 @@ def traced_resume(resume_row: _F) -> _F:
         }
         if workflow is not None:
             attributes[VERSION] = workflow.version
-        with active.tracer.start_as_current_span(
+        span = active.tracer.start_span(
             f"resume {row.workflow_name}",
             attributes=attributes,
             links=[trace.Link(start)] if start is not None else None,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            segment = _Segment(span, row.run_id, link if start is not None else None, "")
-            token = _segment.set(segment)
-            try:
-                outcome, claimed = resume_row(row, trigger, now)
-            except BaseException as exc:
-                span.set_attribute(OUTCOME, "error")
-                _error(span, type(exc).__name__, None)
-                raise
-            finally:
-                _segment.reset(token)
-            span.set_attribute(OUTCOME, outcome)
+        )
+        token = _current(span)
+        counts: list[tuple[Any, dict[str, Any]]] = []
+        segment = _Segment(span, row.run_id, link if start is not None else None, "error", counts)
+        running = _segment.set(segment)
+        try:
+            segment.outcome, claimed = resume_row(row, trigger, now)
+        except BaseException as exc:
+            _error(span, type(exc).__name__, None)
+            raise
+        finally:
+            _segment.reset(running)
+            _end(span, token, segment.outcome)
+        # Reached only when the resume returned: its writes commit with its caller's.
+        labels = {WORKFLOW: row.workflow_name}
+        lag = max(0.0, (now - row.wake_at).total_seconds()) if row.wake_at else 0.0
         if claimed:
-            lag = max(0.0, (now - row.wake_at).total_seconds()) if row.wake_at else 0.0
-            labels = {WORKFLOW: row.workflow_name}
+            counts.append((active.resumes, labels))
+        if counts:
 
             def count() -> None:
-                active.resumes.add(1, labels)
-                active.resume_lag.record(lag, labels)
+                for counter, attributes in counts:
+                    counter.add(1, attributes)
+                if claimed:
+                    active.resume_lag.record(lag, labels)
 
             _at_commit(count)
-        return outcome, claimed
+        return segment.outcome, claimed
 
     return resume  # type: ignore[return-value]
 
@@ -296,40 +312,38 @@ def run_step(execution: Any, step: Any, path: tuple[Any, ...]) -> None:
         step.run(execution, path)
         return
     position = path_text(path)
+    ctx, workflow = execution.ctx, execution.workflow
+    span = active.tracer.start_span(
+        step.label(),
+        attributes={
+            RUN_ID: str(ctx.run_id),
+            WORKFLOW: workflow.name,
+            VERSION: workflow.version,
+            TENANT: ctx.tenant_id,
+            STEP: position,
+            STEP_KIND: step.kind,
+            ATTEMPT: ctx.retry_attempt,
+        },
+    )
+    token = _current(span)
     outcome = "completed"
     began = time.perf_counter()
-    with active.tracer.start_as_current_span(
-        step.label(), record_exception=False, set_status_on_exception=False
-    ) as span:
-        if span.is_recording():
-            ctx = execution.ctx
-            span.set_attributes(
-                {
-                    RUN_ID: str(ctx.run_id),
-                    WORKFLOW: ctx.workflow_name,
-                    VERSION: execution.workflow.version,
-                    TENANT: ctx.tenant_id,
-                    STEP: position,
-                    STEP_KIND: step.kind,
-                    ATTEMPT: ctx.retry_attempt,
-                }
-            )
-        try:
-            step.run(execution, path)
-        except Suspend:
-            outcome = "suspended"
-            raise
-        except BaseException as exc:
-            outcome = "failed"
-            reason = getattr(exc, "reason", None)
-            _error(span, getattr(exc, "error_class", "") or reason or type(exc).__name__, reason)
-            raise
-        finally:
-            span.set_attribute(OUTCOME, outcome)
-            active.step_duration.record(
-                time.perf_counter() - began,
-                {WORKFLOW: execution.workflow.name, STEP: position, OUTCOME: outcome},
-            )
+    try:
+        step.run(execution, path)
+    except Suspend:
+        outcome = "suspended"
+        raise
+    except BaseException as exc:
+        outcome = "failed"
+        reason = getattr(exc, "reason", None)
+        _error(span, getattr(exc, "error_class", "") or reason or type(exc).__name__, reason)
+        raise
+    finally:
+        took = time.perf_counter() - began
+        _end(span, token, outcome)
+        active.step_duration.record(
+            took, {WORKFLOW: workflow.name, STEP: position, OUTCOME: outcome}
+        )
 
 
 def carry(state: dict[str, Any]) -> dict[str, Any]:
@@ -364,7 +378,10 @@ def appended(stream: Any, type: str, payload: dict[str, Any]) -> None:
         labels = {WORKFLOW: stream.workflow_name}
         if type == et.RUN_FAILED:
             labels[REASON] = payload.get("reason") or ""
-        _at_commit(lambda: counter.add(1, labels))
+        if segment is not None and segment.counts is not None and segment.run_id == stream.run_id:
+            segment.counts.append((counter, labels))  # counted when the resume commits
+        else:
+            _at_commit(lambda: counter.add(1, labels))
 
 
 def conflict(kind: str) -> None:

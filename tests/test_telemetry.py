@@ -374,3 +374,68 @@ def test_without_the_api_nothing_of_opentelemetry_is_imported_and_runs_still_run
     done = run_python(script)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "LOADED []" in done.stdout, done.stdout + done.stderr
+
+
+class LedgerLocked(Exception):
+    pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_resume_that_raises_is_an_error_span_and_counts_nothing(otel):
+    """A site's projection raises in one run's resume: rolled back, uncounted, an error span."""
+    from kumiko_workflows.store.dispatch import registry as projections
+
+    stuck = trigger("t.wait", **{"for": "PT0S"})
+    stuck_id = run_id_for("t-wait", stuck.payload["run_key"], "default")
+    fine = trigger("t.wait", **{"for": "PT0S"})
+
+    def explode(event, replaying):
+        if event.aggregate_id == stuck_id:
+            raise LedgerLocked("secret-detail: the ledger is locked")
+
+    projections.register("test.explode-on-resume", {et.RESUMED}, explode)
+    try:
+        report = resume_due_runs(now=fine.created_at + timedelta(seconds=1))
+    finally:
+        projections.unregister("test.explode-on-resume")
+    assert (report.completed, report.errors) == (1, 1), report
+
+    assert otel.value("kumiko.resumes", workflow="t-wait") == 1
+    assert otel.value("kumiko.runs.completed", workflow="t-wait") == 1
+    assert otel.value("kumiko.resume.lag", workflow="t-wait") == 1
+    resumes = otel.finished("resume t-wait")
+    failed = [s for s in resumes if (s.attributes or {})["kumiko.run_id"] == str(stuck_id)]
+    assert [(s.attributes or {})["kumiko.outcome"] for s in failed] == ["error"]
+    assert (failed[0].attributes or {})["error.type"] == "LedgerLocked"
+    assert failed[0].status.status_code == StatusCode.ERROR
+    _no_secret_anywhere(otel.finished())
+
+
+@pytest.mark.django_db
+def test_a_rerun_of_a_failed_run_still_links_to_its_start(otel):
+    from kumiko_workflows import rerun_run
+
+    with registry.override(traced):
+        # Two failing attempts: the retry gives up and the run fails at resume.
+        event = trigger("t.otel", fail_attempts=5, **{"for": "PT0S"})
+        run_id = run_id_for("t-otel", event.payload["run_key"], "default")
+        moment = event.created_at + timedelta(seconds=1)
+        resume_due_runs(now=moment)
+        assert resume_due_runs(now=moment + HOUR).failed == 1
+        assert rerun_run(run_id)
+        resume_due_runs(now=moment + 2 * HOUR)
+    (start,) = otel.finished("start t-otel")
+    resumes = otel.finished("resume t-otel")
+    assert [(s.attributes or {})["kumiko.suspension"] for s in resumes] == [
+        "wait",
+        "retry",
+        "rerun",
+    ]
+    assert [(s.attributes or {})["kumiko.outcome"] for s in resumes] == [
+        "suspended",
+        "failed",
+        "suspended",
+    ]
+    for segment in resumes:
+        assert [link.context.span_id for link in segment.links] == [start.context.span_id]
+    assert resumes[1].status.description == "step_failed"
