@@ -487,50 +487,30 @@ def lock_projection_tables() -> None:
         WorkflowRunPending.objects.filter(pk=-1).update(step="")
 
 
-def _pending_tenants(table: str) -> str:
-    """``WITH RECURSIVE tenants``: the tenants with pending rows, by a loose index scan.
-
-    One index probe per tenant (the next ``tenant_id`` after the last), however
-    many rows each has.
-    """
-    return f"""WITH RECURSIVE tenants(tenant_id) AS (
-                SELECT MIN(tenant_id) FROM {table}
-                UNION ALL
-                SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
-                FROM tenants t WHERE t.tenant_id IS NOT NULL
-            )"""  # noqa: S608 - the table name comes from the model
-
-
 def due_tenants(now: datetime) -> list[str]:
-    """Tenants that have at least one due row (a loose index scan on (tenant_id, wake_at))."""
-
-    def build() -> str:
-        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
-        return f"""
-            {_pending_tenants(table)}
-            SELECT t.tenant_id FROM tenants t
-            WHERE t.tenant_id IS NOT NULL AND EXISTS (
-                SELECT 1 FROM {table} d WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s
-            )
-        """  # noqa: S608 - the table name comes from the model; values are parameters
-
-    with engine().cursor() as cursor:
-        cursor.execute(statement(("due_tenants",), build), [now])
-        return [tenant for (tenant,) in cursor.fetchall()]
+    """Tenants that have at least one due row: :func:`due_backlog`, each counted up to 1."""
+    return [tenant for tenant, due in due_backlog(now, 1) if due]
 
 
 def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
     """Due pending rows per tenant that has pending rows, each counted up to ``cap``.
 
-    For the due-backlog gauge (:mod:`kumiko_workflows.telemetry`): a loose
-    index scan finds the tenants (one probe each), and each tenant's count
-    reads only its due range of ``kw_pending_due``, never its rows due later.
+    A loose index scan on ``kw_pending_due`` (tenant_id, wake_at) finds the
+    tenants, one index probe each however many rows they have; each tenant's
+    count reads only its due range of the index, never its rows due later.
+    The worker asks which tenants have due rows (``cap`` 1); the due-backlog
+    gauge (:mod:`kumiko_workflows.telemetry`) how many.
     """
 
     def build() -> str:
         table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
         return f"""
-            {_pending_tenants(table)}
+            WITH RECURSIVE tenants(tenant_id) AS (
+                SELECT MIN(tenant_id) FROM {table}
+                UNION ALL
+                SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
+                FROM tenants t WHERE t.tenant_id IS NOT NULL
+            )
             SELECT t.tenant_id, (
                 SELECT COUNT(*) FROM (
                     SELECT 1 FROM {table} d
