@@ -37,7 +37,6 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.steps import Suspend, path_text
 from kumiko_workflows.store import db
 from kumiko_workflows.workflow import suspensions
-from kumiko_workflows.workflow.definition import registry
 
 try:
     from opentelemetry import context, metrics, trace
@@ -258,7 +257,6 @@ def traced_resume(resume_row: _F) -> _F:
         link = state.get("trace")
         start = _span_context(link)
         record = suspensions.for_type(row.suspension_type)
-        workflow = registry.get(row.workflow_name)
         attributes = {
             RUN_ID: str(row.run_id),
             WORKFLOW: row.workflow_name,
@@ -267,8 +265,8 @@ def traced_resume(resume_row: _F) -> _F:
             SUSPENSION: row.suspension_type,
             ATTEMPT: record.attempt(row) if record is not None else 1,
         }
-        if workflow is not None:
-            attributes[VERSION] = workflow.version
+        if row.workflow_version is not None:  # the version the run resumes on
+            attributes[VERSION] = row.workflow_version
         span = active.tracer.start_span(
             f"resume {row.workflow_name}",
             attributes=attributes,

@@ -8,6 +8,7 @@ same (a child process whose ``import opentelemetry`` fails).
 
 from __future__ import annotations
 
+import re
 import textwrap
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,6 +35,7 @@ from kumiko_workflows.engine.worker import Worker
 from kumiko_workflows.models import Event, WorkflowRunPending
 from kumiko_workflows.workflow.definition import registry
 from tests.conftest import run_python, trigger, types_of
+from tests.test_readme import BLOCKS
 from tests.testapp import cron_workflows as cw
 from tests.testapp import workflows as w
 
@@ -166,6 +168,7 @@ def test_the_span_tree_of_a_run_that_waits_and_retries_is_linked_across_suspensi
         assert [link.context.span_id for link in segment.links] == [start.context.span_id]
         assert [link.context.trace_id for link in segment.links] == [start.context.trace_id]
         assert (segment.attributes or {})["kumiko.run_id"] == str(run_id)
+        assert (segment.attributes or {})["kumiko.workflow_version"] == 1
     # The position of the suspension: the wait's (the segment goes on after it).
     assert {k: (first.attributes or {})[k] for k in ("kumiko.step", "kumiko.suspension")} == {
         "kumiko.step": "1",
@@ -439,3 +442,49 @@ def test_a_rerun_of_a_failed_run_still_links_to_its_start(otel):
     for segment in resumes:
         assert [link.context.span_id for link in segment.links] == [start.context.span_id]
     assert resumes[1].status.description == "step_failed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_readmes_prometheus_snippet_serves_the_metrics():
+    """README "Observability": its serve_metrics() in a process of its own, then a scrape."""
+    (block,) = [b.code for b in BLOCKS if "def serve_metrics" in b.code]
+    script = textwrap.dedent(
+        """
+        import sys, urllib.request
+        from datetime import timedelta
+        import django
+        django.setup()
+        from kumiko_workflows import resume_due_runs
+        from tests.conftest import trigger
+        from tests.faults_support import free_port
+
+        namespace = {}
+        exec(sys.argv[1], namespace)
+        port = free_port()
+        namespace["serve_metrics"](port)
+
+        event = trigger("t.wait", **{"for": "PT1H"})
+        trigger("t.fail")
+        resume_due_runs(now=event.created_at + timedelta(hours=2))
+        trigger("t.wait", tenant_id="acme", **{"for": "PT0S"})
+        print(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode())
+        """
+    )
+    done = run_python(script, block)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    def sample(name: str, value: str, **labels: str) -> None:
+        wanted = "".join(rf'(?=[^}}]*\bkumiko_{k}="{v}")' for k, v in labels.items())
+        assert re.search(rf"^{name}\{{{wanted}[^}}]*\}} {value}$", done.stdout, re.M), (
+            name,
+            labels,
+            done.stdout,
+        )
+
+    sample("kumiko_runs_started_total", "2.0", workflow="t-wait")
+    sample("kumiko_runs_failed_total", "1.0", workflow="t-fail", failure_reason="step_failed")
+    sample("kumiko_runs_completed_total", "1.0", workflow="t-wait")
+    sample("kumiko_resumes_total", "1.0", workflow="t-wait")
+    sample("kumiko_resume_lag_seconds_count", "1.0", workflow="t-wait")
+    sample("kumiko_step_duration_seconds_count", "2.0", workflow="t-wait", step="0")
+    sample("kumiko_runs_due", "1.0", tenant="acme")
