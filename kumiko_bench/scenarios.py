@@ -58,11 +58,22 @@ APPEND_TYPE = "kumiko-bench.appended"
 #: Scratch tables (the baselines' copies) are named ``kumiko_bench_<name>``.
 PREFIX = "kumiko_bench"
 
-SCENARIOS = ("append", "start", "drain", "slow_step", "scan", "wake", "wake_scale", "memory")
+SCENARIOS = (
+    "append",
+    "start",
+    "drain",
+    "drain_traced",
+    "slow_step",
+    "scan",
+    "wake",
+    "wake_scale",
+    "memory",
+)
 DEFAULT_N = {
     "append": 2000,
     "start": 1000,
     "drain": 2000,
+    "drain_traced": 2000,
     "slow_step": 1000,
     "scan": 1_000_000,
     "wake": 50,
@@ -319,12 +330,13 @@ class Bench:
 
     # -- seeding --------------------------------------------------------------------
 
-    def seed_due_runs(self, count: int) -> list[uuid.UUID]:
+    def seed_due_runs(self, count: int, *, traced: bool = False) -> list[uuid.UUID]:
         """``count`` due runs of the drain workflow, each with its own trigger event.
 
         One run is started through ``append_event`` (the real engine); the
         rest are copies of its rows written with ``bulk_create``, so they have
         exactly the shape the projections give, at a fraction of the cost.
+        ``traced``: their state links to a start span, as a traced start's does.
         """
         from kumiko_workflows.store.events import append_event
 
@@ -343,6 +355,10 @@ class Bench:
         assert waiting.type == et.WAITING, "the drain workflow must suspend at its wait"
         run = WorkflowRun.objects.get(run_id=template_id)
         pending = WorkflowRunPending.objects.get(run_id=template_id)
+        if traced:
+            link = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+            pending.state = {**pending.state, "trace": link}
+            WorkflowRunPending.objects.filter(pk=pending.pk).update(state=pending.state)
         run_ids = [template_id]
         chunk = 2000
         made = 1
@@ -584,6 +600,55 @@ class Bench:
                     "kumiko, 1 worker",
                 )
             )
+
+    def scenario_drain_traced(self) -> None:
+        """The drain with tracing and metrics on beside it off, interleaved in each round.
+
+        On: the worker process installs the OpenTelemetry SDK as a site would
+        (global providers, batched span export, metrics exported every 10
+        seconds, the due-backlog gauge included) with exporters that count
+        and drop; each run's state links to a start span. Off: the API
+        without an SDK, the state of a site that configured none.
+        """
+        try:
+            import opentelemetry.sdk  # noqa: F401 - only whether it is installed
+        except ImportError:
+            self.skip("drain_traced", "needs opentelemetry-sdk (pip install -e '.[test]')")
+            return
+        n = self.size("drain_traced")
+        times: dict[str, list[float]] = {"drain": [], "drain_traced": []}
+        cpu: dict[str, list[float]] = {"drain": [], "drain_traced": []}
+        spans = []
+        for round_ in range(self.rounds):
+            modes = ["drain", "drain_traced"]
+            for mode in modes if round_ % 2 == 0 else modes[::-1]:
+                self.fresh_database()
+                run_ids = self.seed_due_runs(n, traced=mode == "drain_traced")
+                seconds, (report,) = self.go(self.start_workers(mode, 1))
+                self.verify_completed_once(run_ids)
+                times[mode].append(seconds)
+                cpu[mode].append(report["cpu_seconds"] / n * 1e6)
+                if mode == "drain_traced":
+                    spans.append(report["spans"])
+        # Each run: its resumed segment and its one step after the wait.
+        if min(spans) < 2 * n:
+            raise RuntimeError(f"drain_traced: {min(spans)} spans exported for {n} runs")
+        per_run = statistics.median(spans) / n
+        # The worker's own CPU per run, less noisy than the wall clock on a
+        # busy machine (the database's time is not in it).
+        off, on = statistics.median(cpu["drain"]), statistics.median(cpu["drain_traced"])
+        self.out(
+            f"DRAIN_TRACED worker_cpu_us_per_run_off={off:.0f} "
+            f"worker_cpu_us_per_run_on={on:.0f} overhead_us_per_run={on - off:.0f}"
+        )
+        self._ratio_result(
+            "drain_traced",
+            n,
+            times["drain_traced"],
+            times["drain"],
+            "tracing off",
+            note=f"BATCH_SIZE={_setting('BATCH_SIZE')}, {per_run:.0f} spans per run exported",
+        )
 
     def scenario_slow_step(self) -> None:
         """Quick due runs beside one whose step sleeps: how long the quick ones wait to start.
@@ -991,18 +1056,22 @@ def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
             verbosity=0,
         )
         return
+    # Set up at start, as a site does; the flush at the end is measured.
+    exported = _telemetry_on() if mode == "drain_traced" else None
     out("READY")
     if sys.stdin.readline().strip() != "GO":
         return
-    started = time.perf_counter()
-    processed = _drain(tenant) if mode == "drain" else _floor(tenant)
-    seconds = time.perf_counter() - started
-    report = {
-        "processed": processed,
-        "seconds": seconds,
-        "hwm_kb": _hwm_kb(),
-        "batch_size": int(_setting("BATCH_SIZE")),
-    }
+    started, cpu = time.perf_counter(), time.process_time()
+    processed = _floor(tenant) if mode == "floor" else _drain(tenant)
+    report: dict[str, Any] = {"processed": processed, "batch_size": int(_setting("BATCH_SIZE"))}
+    if exported is not None:
+        report.update(exported())
+    # CPU time of the whole process: an exporter's threads count too.
+    report.update(
+        seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - cpu,
+        hwm_kb=_hwm_kb(),
+    )
     out("DONE " + json.dumps(report))
 
 
@@ -1017,6 +1086,62 @@ def _drain(tenant: str) -> int:
         if not report.processed:
             return processed
         processed += report.processed
+
+
+def _telemetry_on() -> Callable[[], dict[str, int]]:
+    """Tracing and metrics on in this process, as a site sets them up, exported to nowhere.
+
+    The global providers of the OpenTelemetry SDK: spans batched to an
+    exporter that counts and drops them, metrics (the due-backlog gauge's
+    query included) collected every 10 seconds (a scrape interval; the SDK's
+    default is 60) and at the end for another. Returns what flushes them
+    and says how many spans were exported.
+    """
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        MetricExporter,
+        MetricExportResult,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Spans(SpanExporter):
+        count = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.count += len(spans)
+            return SpanExportResult.SUCCESS
+
+    class Metrics(MetricExporter):
+        count = 0
+
+        def export(self, metrics_data: Any, timeout_millis: float = 0, **kwargs: Any) -> Any:
+            self.count += 1
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 0) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 0, **kwargs: Any) -> None:
+            pass
+
+    spans, exports = Spans(), Metrics()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(spans))
+    meter_provider = MeterProvider(
+        metric_readers=[PeriodicExportingMetricReader(exports, export_interval_millis=10_000)]
+    )
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+
+    def flushed() -> dict[str, int]:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+        return {"spans": spans.count, "metric_exports": exports.count}
+
+    return flushed
 
 
 def _floor(tenant: str) -> int:

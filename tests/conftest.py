@@ -104,3 +104,15 @@ def run_manage(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
     )
+
+
+def run_python(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -c script args...`` as a real subprocess on the test database."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -42,13 +42,22 @@ def _bench(*args: str) -> str:
 
 def assert_result_lines(output: str) -> None:
     """Every scenario at ``--n 20`` printed its lines (or, on SQLite, why it was skipped)."""
-    for name in ("append", "start", "drain", "drain_batch1", "scan", "memory"):
+    for name in ("append", "start", "drain", "drain_batch1", "drain_traced", "scan", "memory"):
         assert re.search(
             rf"^RESULT name=kumiko_{name} n=\d+ seconds=[\d.]+ per_sec=[\d.]+$", output, re.M
         ), output
-    # The drain at the configured BATCH_SIZE and at one run per commit, each beside the floor.
-    for name in ("append", "drain", "drain_batch1"):
+    # The drain at the configured BATCH_SIZE and at one run per commit, each beside the floor,
+    # and traced beside untraced.
+    for name in ("append", "drain", "drain_batch1", "drain_traced"):
         assert re.search(rf"^RATIO name={name} value=[\d.]+$", output, re.M), output
+    # Tracing and metrics on beside off: every run's spans were exported.
+    assert re.search(
+        r"^DRAIN_TRACED worker_cpu_us_per_run_off=\d+ worker_cpu_us_per_run_on=\d+ "
+        r"overhead_us_per_run=-?\d+$",
+        output,
+        re.M,
+    ), output
+    assert re.search(r"^drain_traced .* 2 spans per run exported$", output, re.M), output
     # With 20 rows the planner may rightly prefer a sequential scan.
     assert re.search(r"^SCAN ms=[\d.]+ index=(yes|no)$", output, re.M), output
     if on_postgres():

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from kumiko_workflows import append_event, run_id_for
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
-from tests.conftest import run_events, subprocess_env, trigger, types_of
+from tests.conftest import run_events, run_python, subprocess_env, trigger, types_of
 from tests.faults_support import Proxy, Worker, database_url, free_port, wait_for
 
 COMPLETED_RUN = [et.RUN_STARTED, et.WAITING, et.RESUMED, et.RUN_COMPLETED]
@@ -279,11 +279,6 @@ def test_an_unevaluable_match_fails_the_run_not_the_domain_write(tampered, caplo
 @pytest.mark.django_db(transaction=True)
 def test_an_unevaluable_match_fails_the_run_and_the_write_commits_in_another_process():
     """The same through a separate process's committed transaction (PostgreSQL)."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
     event = trigger("t.signed-up", user_id="u1", timeout="P7D")
     run_id = run_id_for("t-event", event.payload["run_key"])
     WorkflowRunPending.objects.filter(run_id=run_id).update(
@@ -295,14 +290,7 @@ def test_an_unevaluable_match_fails_the_run_and_the_write_commits_in_another_pro
         "e = append_event(uuid.uuid4(), 'user', 't.verified', {'user_id': 'u1'})\n"
         "print(json.dumps({'id': e.id}))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(script)
     assert result.returncode == 0, result.stderr
     committed = json.loads(result.stdout)["id"]
     assert Event.objects.filter(pk=committed, type="t.verified").exists()

@@ -26,6 +26,7 @@ LAYERS = [
     ("kumiko_workflows.models", 1),
     ("kumiko_workflows.routers", 1),
     ("kumiko_workflows.store", 1),
+    ("kumiko_workflows.telemetry", 1),
     ("kumiko_workflows.projections", 2),
     ("kumiko_workflows.engine", 3),
     ("kumiko_workflows.operations", 4),

@@ -35,6 +35,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 from kumiko_workflows import event_types as et
+from kumiko_workflows import telemetry
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.engine.segment import start_run
 from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionConflict
@@ -381,6 +382,7 @@ def fire_schedule(schedule: Schedule, now: datetime) -> int:
                 )
             except VersionConflict:
                 # Another scheduler fired this slot (and will fire the rest).
+                telemetry.conflict("cron")
                 logger.debug(
                     "workflow=%s tenant=%s slot=%s fired by another scheduler",
                     schedule.workflow.name,
@@ -389,6 +391,7 @@ def fire_schedule(schedule: Schedule, now: datetime) -> int:
                 )
                 return started
             run_id = start_run(schedule.workflow, event, now=now)
+            telemetry.slot_fired(schedule.workflow.name)
         if run_id is not None:
             started += 1
             schedule.last_slot = slot

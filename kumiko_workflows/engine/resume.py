@@ -24,6 +24,7 @@ from typing import Any
 from django.db.models import F
 
 from kumiko_workflows import event_types as et
+from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
 from kumiko_workflows.engine.wakeups import decide_waiting_checks, event_ending
@@ -149,6 +150,7 @@ def _awaited_ids(row: WorkflowRunPending) -> set[int]:
     return {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
 
 
+@telemetry.traced_resume
 def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) -> tuple[str, bool]:
     """Resume one pending row, whose trigger event is ``trigger``; return (outcome, claimed).
 
@@ -524,6 +526,7 @@ def _append_to_run(
                 )
                 stream.append(type, payload(run), created_by=created_by or "")
         except VersionConflict:
+            telemetry.conflict("operation")
             continue  # the run moved (a worker resumed it): look again
         return True
     return False

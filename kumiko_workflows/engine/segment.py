@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows import event_types
+from kumiko_workflows import event_types, telemetry
 from kumiko_workflows.engine import wakeups
 from kumiko_workflows.exceptions import (
     InvalidEvent,
@@ -106,7 +106,7 @@ class RunContext:
     def snapshot(self) -> dict[str, Any]:
         """Step results for a suspension event: awaited events by reference only."""
         results = {k: v for k, v in self.steps.items() if k not in self.awaited}
-        return {"results": results, "awaited": dict(self.awaited)}
+        return telemetry.carry({"results": results, "awaited": dict(self.awaited)})
 
 
 @dataclass
@@ -155,7 +155,7 @@ class Executor:
             elif cursor.after:
                 start += 1
         for index in range(start, len(steps)):
-            steps[index].run(self, (*prefix, index))
+            telemetry.run_step(self, steps[index], (*prefix, index))
 
     # -- the Execution a step runs with ------------------------------------------
 
@@ -368,6 +368,7 @@ def run_segment(
         return "failed"
     except VersionConflict as exc:
         savepoint.end(exc)
+        telemetry.conflict("stream_moved")
         # Only an opening appended first races (a start's); a conflict after
         # it, or with a held opening, means the stream moved under a run
         # its caller holds: an error, not a skip.
@@ -514,6 +515,7 @@ def search_key_of(workflow: Workflow, event: Event) -> str:
     return value
 
 
+@telemetry.traced_start
 def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) -> uuid.UUID | None:
     """Start one run of ``workflow`` for ``event``: run it inline until it suspends, or queue it.
 
@@ -572,7 +574,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
                         "workflow_version": workflow.version,
                         "definition_fingerprint": workflow.fingerprint,
                         "trigger_event_id": event.id,
-                        "state": {"results": {}, "awaited": {}},
+                        "state": telemetry.carry({"results": {}, "awaited": {}}),
                     },
                 )
             else:
@@ -586,6 +588,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
                 run_segment(workflow, stream, ctx, None, opening)
         return run_id
     except VersionConflict:
+        telemetry.conflict("start")
         logger.info(
             "workflow=%s key=%s tenant=%s run=%s exists already; trigger event %s ignored",
             workflow.name,

@@ -37,6 +37,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections
 from django.db.models import Min
 from django.utils import timezone
 
+from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.cron import fire_due_schedules
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
@@ -372,6 +373,7 @@ class Worker:
         self.errors += report.errors
         self.errors += cron_errors
         result = PassResult(report, fired, cron_errors)
+        telemetry.worker_pass(report.errors, cron_errors)
         self.on_pass(result)
         return result
 
@@ -397,6 +399,7 @@ class Worker:
                 try:
                     result = self.run_once()
                 except CONNECTION_ERRORS as exc:
+                    telemetry.worker_error("database")
                     logger.error(
                         "database unavailable (%s: %s); retrying in %.0fs",
                         type(exc).__name__,
@@ -411,6 +414,7 @@ class Worker:
                     # Not a row's error (those are counted per row): the pass
                     # itself broke. Keep the worker alive, loudly.
                     logger.exception("resume pass failed; retrying in %.0fs", backoff)
+                    telemetry.worker_error("pass")
                     self.errors += 1
                     self._sleep(backoff, None)
                     backoff = min(backoff * 2, _MAX_BACKOFF)

@@ -488,7 +488,19 @@ def lock_projection_tables() -> None:
 
 
 def due_tenants(now: datetime) -> list[str]:
-    """Tenants that have at least one due row (a loose index scan on (tenant_id, wake_at))."""
+    """Tenants that have at least one due row: :func:`due_backlog`, each counted up to 1."""
+    return [tenant for tenant, due in due_backlog(now, 1) if due]
+
+
+def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """Due pending rows per tenant that has pending rows, each counted up to ``cap``.
+
+    A loose index scan on ``kw_pending_due`` (tenant_id, wake_at) finds the
+    tenants, one index probe each however many rows they have; each tenant's
+    count reads only its due range of the index, never its rows due later.
+    The worker asks which tenants have due rows (``cap`` 1); the due-backlog
+    gauge (:mod:`kumiko_workflows.telemetry`) how many.
+    """
 
     def build() -> str:
         table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
@@ -499,15 +511,18 @@ def due_tenants(now: datetime) -> list[str]:
                 SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
                 FROM tenants t WHERE t.tenant_id IS NOT NULL
             )
-            SELECT t.tenant_id FROM tenants t
-            WHERE t.tenant_id IS NOT NULL AND EXISTS (
-                SELECT 1 FROM {table} d WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s
+            SELECT t.tenant_id, (
+                SELECT COUNT(*) FROM (
+                    SELECT 1 FROM {table} d
+                    WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s LIMIT %s
+                ) due
             )
+            FROM tenants t WHERE t.tenant_id IS NOT NULL
         """  # noqa: S608 - the table name comes from the model; values are parameters
 
     with engine().cursor() as cursor:
-        cursor.execute(statement(("due_tenants",), build), [now])
-        return [tenant for (tenant,) in cursor.fetchall()]
+        cursor.execute(statement(("due_backlog",), build), [now, cap])
+        return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
 
 
 def connection_broken() -> bool:

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from kumiko_workflows import event_types
+from kumiko_workflows import event_types, telemetry
 from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store.events import append_engine_pair, append_event, engine_stream
@@ -165,6 +165,7 @@ class RunStream:
         self.version = event.version
         # A new stream has no pending rows; a resume or an end deletes them.
         self._no_pending = type in _CLEARS_PENDING
+        telemetry.appended(self, type, payload)
         return event
 
 
