@@ -113,7 +113,7 @@ def test_an_idle_worker_prints_nothing_and_its_totals_are_what_it_did(past):
     passes = int(re.search(r"stopped after (\d+) pass\(es\)", lines[-1])[1])
     assert passes > len(summaries)
     assert lines[-1].endswith(
-        "resumed=3 completed=3 suspended=0 failed=0 skipped=0 errors=0 fired=0"
+        "resumed=3 completed=3 suspended=0 failed=0 errors=0 fired=0"
     ), lines[-1]
     for run_id in runs:
         assert types_of(run_id)[-1] == et.RUN_COMPLETED
@@ -135,7 +135,7 @@ def test_max_runs_counts_runs_the_worker_moved_on(past):
 
     assert code == 0, err
     assert out.splitlines()[-1].endswith(
-        "resumed=5 completed=5 suspended=0 failed=0 skipped=0 errors=0 fired=0"
+        "resumed=5 completed=5 suspended=0 failed=0 errors=0 fired=0"
     ), out
     assert WorkflowRunPending.objects.count() == 2
 
@@ -171,7 +171,7 @@ def test_a_second_worker_on_sqlite_is_refused_with_one_line_and_the_first_counts
 
     assert "database is locked" not in err and "SQLite allows" not in err, err
     assert out.splitlines()[-1].endswith(
-        "resumed=30 completed=30 suspended=0 failed=0 skipped=0 errors=0 fired=0"
+        "resumed=30 completed=30 suspended=0 failed=0 errors=0 fired=0"
     ), out
     for run_id in runs:
         assert types_of(run_id).count(et.RESUMED) == 1

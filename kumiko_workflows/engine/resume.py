@@ -71,7 +71,8 @@ class ResumeReport:
     ``resumed`` counts claims (rows whose ``workflow.step.resumed`` was
     appended); each row then ends ``completed``, ``suspended`` or ``failed``.
     A row failed before its claim (a changed definition) counts only in
-    ``failed``; ``skipped`` rows lost their claim to another writer.
+    ``failed``. (A row another worker holds is never claimed: nothing is
+    skipped.)
     ``errors`` counts rows whose resume raised; the pass that fails such a
     run after ``MAX_RESUME_ERRORS`` of them counts it in ``failed``.
     """
@@ -80,7 +81,6 @@ class ResumeReport:
     completed: int = 0
     suspended: int = 0
     failed: int = 0
-    skipped: int = 0
     errors: int = 0
 
     def add(self, other: ResumeReport) -> None:
@@ -89,7 +89,7 @@ class ResumeReport:
 
     @property
     def processed(self) -> int:
-        return self.completed + self.suspended + self.failed + self.skipped + self.errors
+        return self.completed + self.suspended + self.failed + self.errors
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -154,7 +154,7 @@ def _awaited_ids(row: WorkflowRunPending) -> set[int]:
 def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) -> tuple[str, bool]:
     """Resume one pending row, whose trigger event is ``trigger``; return (outcome, claimed).
 
-    The outcome is completed, suspended, failed or skipped; ``claimed`` says
+    The outcome is completed, suspended or failed; ``claimed`` says
     whether ``workflow.step.resumed`` was appended.
 
     Must run in the transaction whose claim deleted the row. A failing step

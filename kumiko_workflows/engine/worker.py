@@ -70,10 +70,7 @@ class PassResult:
 
     @property
     def idle(self) -> bool:
-        """Nothing happened that this worker did: no run resumed or failed, no error, no slot.
-
-        Rows another worker took first (``skipped``) are not this worker's work.
-        """
+        """Nothing happened that this worker did: no run resumed or failed, no error, no slot."""
         report = self.report
         return not (report.resumed or report.failed or self.errors or self.fired)
 
@@ -302,8 +299,8 @@ class Worker:
     def handled(self) -> int:
         """Runs this worker moved on: each ended completed, suspended or failed.
 
-        Not rows another worker took first (``skipped``), nor rows whose
-        resume raised (``errors``: they are still due, and counted again).
+        Not rows whose resume raised (``errors``: they are still due, and
+        counted again).
         """
         totals = self.totals
         return totals.completed + totals.suspended + totals.failed
