@@ -28,6 +28,7 @@ class KumikoWorkflowsConfig(AppConfig):
                 run_status.project_run_status,
                 order=10,
                 builtin=True,
+                fold=run_status.status_write,
             )
             projections.register(
                 "kumiko_workflows.pending",

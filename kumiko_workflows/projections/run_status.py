@@ -107,11 +107,20 @@ def project_run_status(event: Event, replaying: bool) -> None:
             updated_at=event.created_at,
         )
         return
+    write = status_write(event)
+    if write is not None:
+        db.write_rows(write[0], "UPDATE", write[1], write[2])
+
+
+def status_write(event: Event) -> db.Write | None:
+    """The ``UPDATE`` of the run's status row that ``event`` makes (not its start), or None."""
+    if not is_run_event(event) or event.type == et.RUN_STARTED:
+        return None
     fields = _status_fields(event)
-    if fields is not None:
-        db.write_rows(
-            WorkflowRun,
-            "UPDATE",
-            {**fields, "version": event.version, "updated_at": event.created_at},
-            {"tenant_id": event.tenant_id, "run_id": event.aggregate_id},
-        )
+    if fields is None:
+        return None
+    return (
+        WorkflowRun,
+        {**fields, "version": event.version, "updated_at": event.created_at},
+        {"tenant_id": event.tenant_id, "run_id": event.aggregate_id},
+    )

@@ -297,9 +297,13 @@ def insert_event_sql(shape: str) -> str:
     return statement(("insert_event", shape), lambda: _build_insert(shape))
 
 
-def insert_pair_sql() -> str:
-    """Two chained appends in one statement (see :func:`_build_pair`)."""
-    return statement(("insert_pair",), _build_pair)
+def insert_pair_sql(folded: tuple[str, ...] = ()) -> str:
+    """Two chained appends in one statement (see :func:`_build_pair`).
+
+    ``folded`` are statements chained after them (each built with
+    ``after="second"``: they apply only if both events were written).
+    """
+    return statement(("insert_pair", folded), lambda: _build_pair(folded))
 
 
 def _build_insert(shape: str) -> str:
@@ -351,7 +355,7 @@ def _build_insert(shape: str) -> str:
     return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
 
 
-def _build_pair() -> str:
+def _build_pair(folded: tuple[str, ...]) -> str:
     """Two chained inserts (PostgreSQL): the second only if the first was written."""
     table = engine().ops.quote_name(Event._meta.db_table)
     columns = ", ".join(engine().ops.quote_name(c) for c in (*EVENT_COLUMNS, "version"))
@@ -365,7 +369,8 @@ def _build_pair() -> str:
     return (
         f"WITH first AS ({insert} SELECT {placeholders} WHERE {previous} {conflict}), "  # noqa: S608
         f"second AS ({insert} SELECT {placeholders} FROM first {conflict}) "
-        "SELECT id, version FROM first UNION ALL SELECT id, version FROM second"
+        + "".join(f", folded_{i} AS ({sql})" for i, sql in enumerate(folded))
+        + " SELECT id, version FROM first UNION ALL SELECT id, version FROM second"
     )
 
 
@@ -414,13 +419,24 @@ def _append_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
 # --- projections, resuming, operations -----------------------------------------
 
 
-def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[str, Any]) -> None:
-    """``UPDATE`` (``verb``) ``model``'s rows matching ``where`` to ``values``, or ``DELETE`` them.
+#: A write a projection would make for an event, said ahead (see
+#: ``ProjectionRegistry.folds``): (model, values, where) of an ``UPDATE``.
+Write = tuple[type[Any], dict[str, Any], dict[str, Any]]
 
-    ``where`` is field = value, ANDed. Every value is a parameter prepared by
-    its field. On the hottest path (a statement per resume) this costs a
-    fraction of the ORM's query building, and a plain DELETE skips the
-    deletion collector a table nothing cascades from does not need.
+
+def rows_statement(
+    model: type[Any],
+    verb: str,
+    values: dict[str, Any],
+    where: dict[str, Any],
+    *,
+    after: str = "",
+) -> tuple[str, list[Any]]:
+    """``UPDATE`` (``verb``) ``model``'s rows matching ``where`` to ``values``, or ``DELETE``.
+
+    ``where`` is field = value, ANDed; ``after``, a name of the ``WITH``
+    query the statement is chained to, makes it apply only if that query
+    returned a row. Every value is a parameter prepared by its field.
     """
     conn = engine()
 
@@ -430,6 +446,8 @@ def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[
         condition = " AND ".join(
             f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in where
         )
+        if after:
+            condition += f" AND EXISTS (SELECT 1 FROM {ops.quote_name(after)})"  # noqa: S608
         if verb == "UPDATE":
             assignments = ", ".join(
                 f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in values
@@ -437,12 +455,20 @@ def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[
             return f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
         return f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
 
-    sql = statement((model._meta.db_table, verb, tuple(values), tuple(where)), build)
+    sql = statement((model._meta.db_table, verb, tuple(values), tuple(where), after), build)
     params = [
         model._meta.get_field(name).get_db_prep_save(value, conn)
         for name, value in (*values.items(), *where.items())
     ]
-    with conn.cursor() as cursor:
+    return sql, params
+
+
+def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[str, Any]) -> None:
+    """Run :func:`rows_statement`: on the hottest path (a statement per resume) this
+    costs a fraction of the ORM's query building, and a plain DELETE skips the
+    deletion collector a table nothing cascades from does not need."""
+    sql, params = rows_statement(model, verb, values, where)
+    with engine().cursor() as cursor:
         cursor.execute(sql, params)
 
 

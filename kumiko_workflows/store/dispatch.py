@@ -30,6 +30,10 @@ class Projection:
     replay: bool = field(default=True, compare=False)
     #: One of the engine's own (which raise only when the database does).
     builtin: bool = field(default=False, compare=False)
+    #: The write ``apply`` would make for an event, said ahead so the store
+    #: can chain it to the event's insert (one statement): (model, values,
+    #: where) of an ``UPDATE``, or None to be applied as usual.
+    fold: Callable[[Event], Any] | None = field(default=None, compare=False)
 
 
 class ProjectionRegistry:
@@ -45,12 +49,13 @@ class ProjectionRegistry:
         order: int = 100,
         replay: bool = True,
         builtin: bool = False,
+        fold: Callable[[Event], Any] | None = None,
     ) -> Projection:
         """Add a projection; ``handles`` is a set of event types or a predicate."""
         if name in self:
             raise ValueError(f"a projection named {name!r} is already registered")
         predicate = handles if callable(handles) else frozenset(handles).__contains__
-        projection = Projection(order, name, predicate, apply, replay, builtin)
+        projection = Projection(order, name, predicate, apply, replay, builtin, fold)
         self._projections.append(projection)
         self._projections.sort()
         return projection
@@ -75,15 +80,35 @@ class ProjectionRegistry:
             for projection in self._projections
         )
 
+    def folds(self, event: Event) -> list[tuple[str, Any]]:
+        """(projection name, write) of each projection that says its write for ``event`` ahead.
+
+        The caller chains those writes to the event's insert and marks the
+        event (:func:`folded`) so :meth:`dispatch` does not apply them again.
+        """
+        found = []
+        for projection in self._projections:
+            if projection.fold is not None and projection.handles(event.type):
+                write = projection.fold(event)
+                if write is not None:
+                    found.append((projection.name, write))
+        return found
+
     def dispatch(self, event: Event, *, replaying: bool = False) -> None:
+        done = () if replaying else getattr(event, "_kumiko_folded", ())
         for projection in self._projections:
             if replaying and not projection.replay:
                 continue
-            if projection.handles(event.type):
+            if projection.handles(event.type) and projection.name not in done:
                 projection.apply(event, replaying)
 
 
 registry = ProjectionRegistry()
+
+
+def folded(event: Event, names: Iterable[str]) -> None:
+    """Mark ``event``'s projections ``names`` as applied already (their writes were chained)."""
+    event._kumiko_folded = frozenset(names)  # type: ignore[attr-defined]
 
 
 def on_event_saved(sender: Any, instance: Event, created: bool, raw: bool, **kwargs: Any) -> None:

@@ -35,7 +35,7 @@ from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, Versi
 from kumiko_workflows.models import Event
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
-from kumiko_workflows.store.dispatch import others_listen_to_post_save, registry
+from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.jsonvalues import (
     NotJSON,
@@ -490,13 +490,27 @@ def _insert_pair(
     params = [*one_values, expected_version + 1, *previous, *two_values, expected_version + 2]
     for event in (one, two):
         pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
-    inserted = db_statements.run_insert(db_statements.insert_pair_sql(), params, db)
+    # Writes the projections say ahead for the last event (the run's status)
+    # ride in the same statement, applied only if both events were written.
+    # (The event's version is known: expected + 2.)
+    two.version = expected_version + 2
+    folds = registry.folds(two)
+    chained = []
+    for _, (model, values, where) in folds:
+        sql, folded_params = db_statements.rows_statement(
+            model, "UPDATE", values, where, after="second"
+        )
+        chained.append(sql)
+        params.extend(folded_params)
+    sql = db_statements.insert_pair_sql(tuple(chained))
+    inserted = db_statements.run_insert(sql, params, db)
     rows = {version: (pk, version) for pk, version in inserted}
     if expected_version + 1 not in rows:
         raise _refusal(one, expected_version) or _version_conflict(one, expected_version)
     _saved(db, one, rows[expected_version + 1], registry.handles(one.type))
     if expected_version + 2 not in rows:
         raise _version_conflict(two, expected_version + 1)
+    folded(two, [name for name, _ in folds])
     _saved(db, two, rows[expected_version + 2], registry.handles(two.type))
 
 
