@@ -167,7 +167,7 @@ def statement(key: tuple[Any, ...], build: Callable[[], str]) -> str:
     return sql
 
 
-def _rows_of(model: type[Any], values: Sequence[Any]) -> Any:
+def _instance_of(model: type[Any], values: Sequence[Any]) -> Any:
     """An instance of ``model`` from its concrete columns' raw values, as the ORM would load it.
 
     The converters (JSON text to objects, SQLite's timestamps, ...) are the
@@ -254,8 +254,8 @@ def claim_due(
             cursor.execute(delete, [found[0]])
     if found is None:
         return None
-    row = _rows_of(WorkflowRunPending, found[:width])
-    trigger = None if found[width] is None else _rows_of(Event, found[width:])
+    row = _instance_of(WorkflowRunPending, found[:width])
+    trigger = None if found[width] is None else _instance_of(Event, found[width:])
     return row, trigger
 
 
