@@ -86,6 +86,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="kumiko_workflows.E028",
             )
         )
+    if not isinstance(workflow_settings.PREPARED_STATEMENTS, bool):
+        errors.append(
+            checks.Error(
+                "KUMIKO_WORKFLOWS['PREPARED_STATEMENTS'] must be True or False, "
+                f"got {workflow_settings.PREPARED_STATEMENTS!r}.",
+                hint="True (the default) prepares the engine's hot statements on PostgreSQL; "
+                "False behind a pooler that cannot keep prepared statements.",
+                id="kumiko_workflows.E029",
+            )
+        )
     for key in ("CRON_TENANTS", "ADMIN_TENANT"):
         try:
             import_callable(getattr(workflow_settings, key), key)

@@ -50,6 +50,9 @@ DEFAULTS: dict[str, Any] = {
     # Whether a trigger may start a run again whose id (idempotency key) belonged
     # to a purged run. False: the key stays used, as if the run still existed.
     "REUSE_PURGED_KEYS": False,
+    # Whether the engine prepares its hot statements (PostgreSQL with psycopg 3):
+    # off behind a connection pooler that cannot keep them (see the README).
+    "PREPARED_STATEMENTS": True,
 }
 
 

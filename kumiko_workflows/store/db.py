@@ -13,7 +13,8 @@ Capability flags stand for the databases' differences, so engine code asks
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +34,11 @@ from kumiko_workflows.models import (
     WorkflowWaitKey,
 )
 
+try:
+    import psycopg
+except ImportError:  # a site on SQLite need not have it
+    psycopg = None  # type: ignore[assignment]
+
 _alias: str | None = None
 
 
@@ -48,11 +54,17 @@ def alias() -> str:
     return _alias
 
 
+#: Bumped when the settings change, so that kept cursors are made again (see
+#: :func:`_kept_cursor`).
+_settings_generation = 0
+
+
 @receiver(setting_changed)
 def _forget(setting: str, **kwargs: Any) -> None:
-    global _alias
+    global _alias, _settings_generation
     if setting in ("KUMIKO_WORKFLOWS", "DATABASES"):
         _alias = None
+        _settings_generation += 1
         _SQL.clear()
 
 
@@ -240,7 +252,7 @@ def claim_due(
         )
 
     sql = statement(("claim_due", len(skip)), build)
-    with engine().cursor() as cursor:
+    with hot_cursor() as cursor:
         if not chained:
             _take_write_lock(cursor)
         cursor.execute(sql, [tenant_id, now, *skip])
@@ -377,29 +389,39 @@ def _build_pair(folded: tuple[str, ...]) -> str:
 def run_insert(
     sql: str, params: list[Any], conn: BaseDatabaseWrapper | None = None
 ) -> list[tuple[Any, ...]]:
-    """Execute an insert on the append cursor of ``conn`` (the engine's); its (id, version) rows."""
-    cursor, kept = _append_cursor(conn or engine())
-    try:
+    """Execute an insert on the hot cursor of ``conn`` (the engine's); its (id, version) rows."""
+    with hot_cursor(conn) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+@contextmanager
+def hot_cursor(db: BaseDatabaseWrapper | None = None) -> Iterator[CursorWrapper]:
+    """A cursor for a hot statement on ``db`` (default: the engine's); see :func:`_kept_cursor`."""
+    cursor, kept = _kept_cursor(db or engine())
+    try:
+        yield cursor
     finally:
         if not kept:
             cursor.close()
 
 
-def _append_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
-    """Django's cursor for the appends on ``db``, and whether it is kept open.
+def _kept_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
+    """Django's cursor for the hot statements on ``db``, and whether it is kept open.
 
-    Opening and closing a cursor per append cost about a tenth of it. The
-    cursor is Django's own (execute wrappers, query logging and error
-    translation all apply), kept on the connection wrapper while the driver
-    connection and the query logging it was made for stay the same. Every
-    call still does what ``db.cursor()`` does before it opens one: the
-    health check, connecting (which refuses in async code and where tests
-    block the database) and the thread check. A connection whose
-    ``cursor`` is wrapped on the instance (the debug toolbar, a tracer, a
-    test forbidding queries) or that threads share gets a new cursor each
-    time, closed after use, as before.
+    The hot statements are the ones run per append and per resumed run: the
+    appends' inserts, the worker's claim and the projections' row writes.
+    Opening and closing a cursor per statement cost about a tenth of an
+    append. The cursor is wrapped as Django wraps its own (execute wrappers,
+    query logging and error translation all apply), kept on the connection
+    wrapper while the driver connection, the query logging and the settings
+    it was made for stay the same; where :func:`prepares` says so it prepares what it
+    runs again (:class:`_PreparingCursor`). Every call still does what
+    ``db.cursor()`` does before it opens one: the health check, connecting
+    (which refuses in async code and where tests block the database) and the
+    thread check. A connection whose ``cursor`` is wrapped on the instance
+    (the debug toolbar, a tracer, a test forbidding queries) or that threads
+    share gets Django's plain cursor each time, closed after use.
     """
     attributes = vars(db)
     if "cursor" in attributes or db.allow_thread_sharing:
@@ -408,12 +430,72 @@ def _append_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
     db.ensure_connection()
     db.validate_thread_sharing()
     logged = db.queries_logged
-    kept = attributes.get("_kumiko_append_cursor")
-    if kept is not None and kept[0] is db.connection and kept[1] == logged:
-        return kept[2], True
-    cursor = db.cursor()
-    attributes["_kumiko_append_cursor"] = (db.connection, logged, cursor)
+    made_for = (db.connection, logged, _settings_generation)
+    kept = attributes.get("_kumiko_kept_cursor")
+    if kept is not None and kept[0] == made_for:
+        return kept[1], True
+    if prepares(db) and not logged:
+        cursor = db.make_cursor(_PreparingCursor(db.connection))
+    else:
+        cursor = db.cursor()
+    attributes["_kumiko_kept_cursor"] = (made_for, cursor)
     return cursor, True
+
+
+def prepares(db: BaseDatabaseWrapper) -> bool:
+    """Whether the hot statements are prepared on ``db``'s connection.
+
+    On PostgreSQL through psycopg 3, unless ``PREPARED_STATEMENTS`` is off
+    or the database is set up for a transaction-pooling PgBouncer
+    (``DISABLE_SERVER_SIDE_CURSORS``, as Django documents for it), which
+    could hand a prepared statement's next run to a server connection that
+    does not know it.
+    """
+    return (
+        psycopg is not None
+        and isinstance(db.connection, psycopg.Connection)
+        and bool(workflow_settings.PREPARED_STATEMENTS)
+        and not db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    )
+
+
+#: psycopg 3's cursor, where it is installed (a site on SQLite need not have it).
+_DriverCursor: Any = object if psycopg is None else psycopg.Cursor
+
+
+class _PreparingCursor(_DriverCursor):
+    """A psycopg cursor that binds on the server and prepares a statement it runs again.
+
+    A statement's first run on a connection is sent as it is; from its
+    second on, it is prepared there once (psycopg keeps the names, and
+    drops them all after a rollback or DDL) and then only executed, which
+    skips the parse and, once PostgreSQL settles on a generic plan after
+    five runs, the planning: most of a hot statement's server time. A
+    statement run once per connection (a web request's one append on a
+    fresh connection) costs no extra round trip.
+
+    psycopg prepares nothing on a connection whose ``prepare_threshold`` is
+    None, Django's default (its own cursors bind on the client and never
+    prepare): the first of these cursors on such a connection sets it to a
+    count no statement reaches, so that still only what these cursors ask
+    for is prepared.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        if connection.prepare_threshold is None:
+            connection.prepare_threshold = _NEVER
+        super().__init__(connection)
+        self._seen: set[Any] = set()
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        seen = query in self._seen
+        if not seen:
+            self._seen.add(query)
+        return super().execute(query, params, prepare=seen)
+
+
+#: A prepare threshold no statement reaches (see :class:`_PreparingCursor`).
+_NEVER = 2**62
 
 
 # --- projections, resuming, operations -----------------------------------------
@@ -468,7 +550,7 @@ def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[
     costs a fraction of the ORM's query building, and a plain DELETE skips the
     deletion collector a table nothing cascades from does not need."""
     sql, params = rows_statement(model, verb, values, where)
-    with engine().cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(sql, params)
 
 

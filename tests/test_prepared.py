@@ -1,0 +1,125 @@
+"""The engine's hot statements are prepared on PostgreSQL, and nothing else changes.
+
+An append's insert, the worker's claim and a resumed run's chained insert
+are prepared on a connection from their second run there (psycopg 3,
+server-side), unless ``PREPARED_STATEMENTS`` is off or the database is set
+up for a transaction-pooling PgBouncer (``DISABLE_SERVER_SIDE_CURSORS``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.checks import run_checks
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from kumiko_workflows import append_event, load_stream, resume_due_runs, run_id_for
+from kumiko_workflows import event_types as et
+from kumiko_workflows.models import Event, WorkflowRun
+from tests.conftest import trigger, types_of
+
+pytestmark = pytest.mark.django_db
+
+
+def prepared() -> dict[str, int]:
+    """This session's prepared statements on the event and pending tables: text -> runs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE %s",
+            ["%kumiko_workflows_%"],
+        )
+        return dict(cursor.fetchall())
+
+
+def appends(count: int, tenant: str = "prepared") -> list[uuid.UUID]:
+    streams = [uuid.uuid4() for _ in range(count)]
+    for stream in streams:
+        append_event(stream, "order", "t.prepared", {"n": 1}, tenant_id=tenant)
+    return streams
+
+
+def inserts(statements: dict[str, int]) -> list[int]:
+    return [runs for sql, runs in statements.items() if sql.startswith("INSERT INTO")]
+
+
+@pytest.mark.postgres
+def test_an_append_is_prepared_from_its_second_run_on_a_connection():
+    appends(1)
+    assert inserts(prepared()) == []  # one run: sent as it is, no extra round trip
+    streams = appends(4)
+    assert inserts(prepared()) == [4]  # prepared at the second, then only executed
+    assert [e.payload for e in load_stream(streams[-1], tenant_id="prepared")] == [{"n": 1}]
+
+
+@pytest.mark.postgres
+def test_resumes_prepare_the_claim_and_the_chained_insert():
+    events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(4)]
+    report = resume_due_runs(now=events[-1].created_at + timedelta(seconds=1))
+    assert report.completed == 4
+    statements = prepared()
+    claims = [runs for sql, runs in statements.items() if sql.startswith("WITH c AS (DELETE")]
+    # Five claims (the fifth found nothing): prepared at the second.
+    assert claims == [4]
+    assert any(sql.startswith("WITH first AS") for sql in statements)
+    for event in events:
+        run_id = run_id_for("t-wait", event.payload["run_key"])
+        assert types_of(run_id)[-1] == et.RUN_COMPLETED
+
+
+@pytest.mark.postgres
+def test_prepared_statements_survive_a_rollback_of_the_callers_transaction():
+    appends(3)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        appends(2)
+        raise RuntimeError("the view fails after appending")
+    # psycopg drops its prepared statements at a rollback (here of a savepoint);
+    # the next append prepares its insert again: 3 runs, not the 7 of all appends.
+    streams = appends(3)
+    assert Event.objects.filter(aggregate_id__in=streams).count() == 3
+    assert inserts(prepared()) == [3]
+
+
+@pytest.mark.postgres
+def test_the_setting_turns_preparing_off(settings):
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "PREPARED_STATEMENTS": False}
+    appends(3)
+    assert inserts(prepared()) == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_database_set_up_for_pgbouncer_transaction_pooling_prepares_nothing(monkeypatch):
+    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    connection.close()  # the next statement opens a connection with the setting
+    appends(3)
+    assert inserts(prepared()) == []
+    monkeypatch.undo()
+    connection.close()
+
+
+@pytest.mark.postgres
+def test_logged_queries_show_the_statements_with_their_values():
+    appends(2)
+    with CaptureQueriesContext(connection) as queries:
+        stream = appends(1)[0]
+    assert str(stream) in queries[-1]["sql"]
+
+
+def test_a_setting_that_is_not_a_bool_is_refused(settings):
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "PREPARED_STATEMENTS": "yes"}
+    errors = [e for e in run_checks() if e.id == "kumiko_workflows.E029"]
+    assert len(errors) == 1
+    assert "PREPARED_STATEMENTS'] must be True or False, got 'yes'" in errors[0].msg
+
+
+def test_runs_complete_the_same_with_preparing_on_or_off(settings):
+    for flag in (True, False):
+        settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "PREPARED_STATEMENTS": flag}
+        events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(3)]
+        assert resume_due_runs(now=events[-1].created_at + timedelta(seconds=1)).completed == 3
+        run_ids = [run_id_for("t-wait", e.payload["run_key"]) for e in events]
+        assert WorkflowRun.objects.filter(run_id__in=run_ids, status="completed").count() == 3
