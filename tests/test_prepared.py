@@ -123,3 +123,33 @@ def test_runs_complete_the_same_with_preparing_on_or_off(settings):
         assert resume_due_runs(now=events[-1].created_at + timedelta(seconds=1)).completed == 3
         run_ids = [run_id_for("t-wait", e.payload["run_key"]) for e in events]
         assert WorkflowRun.objects.filter(run_id__in=run_ids, status="completed").count() == 3
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_migration_on_another_connection_leaves_prepared_statements_working():
+    """A deploy migrates the event table while a worker's connection holds its prepared
+    insert: PostgreSQL plans it again, and the insert names its columns, so the next
+    append neither fails nor writes the wrong shape."""
+    import psycopg
+
+    appends(3)
+    settings_dict = connection.settings_dict
+    other = psycopg.connect(
+        dbname=settings_dict["NAME"],
+        user=settings_dict["USER"],
+        host=settings_dict["HOST"] or None,
+        port=settings_dict["PORT"] or None,
+        autocommit=True,
+    )
+    table = Event._meta.db_table
+    try:
+        other.execute(f'ALTER TABLE "{table}" ADD COLUMN kumiko_test_extra integer DEFAULT 7')
+        streams = appends(2)
+        other.execute(f'ALTER TABLE "{table}" DROP COLUMN kumiko_test_extra')
+        streams += appends(2)
+    finally:
+        other.execute(f'ALTER TABLE "{table}" DROP COLUMN IF EXISTS kumiko_test_extra')
+        other.close()
+    assert Event.objects.filter(aggregate_id__in=streams).count() == 4
+    assert inserts(prepared()) == [6]  # the same prepared statement throughout

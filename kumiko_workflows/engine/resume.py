@@ -17,7 +17,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -84,8 +84,8 @@ class ResumeReport:
     errors: int = 0
 
     def add(self, other: ResumeReport) -> None:
-        for key, value in other.as_dict().items():
-            setattr(self, key, getattr(self, key) + value)
+        for field in fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
     @property
     def processed(self) -> int:

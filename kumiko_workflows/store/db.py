@@ -183,27 +183,28 @@ def _instance_of(model: type[Any], values: Sequence[Any]) -> Any:
     """An instance of ``model`` from its concrete columns' raw values, as the ORM would load it.
 
     The converters (JSON text to objects, SQLite's timestamps, ...) are the
-    ones a query's compiler would apply, found once per model and vendor.
+    ones a query's compiler would apply, found once per model and vendor
+    (only the columns that have any).
     """
     conn = engine()
-    fields = model._meta.concrete_fields
-    key = ("converters", model._meta.label)
-    converters = _CONVERTERS.get((conn.vendor, *key))
+    key = (conn.vendor, model._meta.label)
+    converters = _CONVERTERS.get(key)
     if converters is None:
         converters = []
-        for field in fields:
+        for index, field in enumerate(model._meta.concrete_fields):
             col = field.get_col(model._meta.db_table)
             found = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
-            converters.append((col, found))
-        _CONVERTERS[(conn.vendor, *key)] = converters
+            if found:
+                converters.append((index, col, found))
+        _CONVERTERS[key] = converters
     row = list(values)
-    for index, (col, found) in enumerate(converters):
+    for index, col, found in converters:
         for convert in found:
             row[index] = convert(row[index], col, conn)
     return model.from_db(conn.alias, None, row)
 
 
-_CONVERTERS: dict[tuple[Any, ...], list[tuple[Any, list[Any]]]] = {}
+_CONVERTERS: dict[tuple[str, str], list[tuple[int, Any, list[Any]]]] = {}
 
 
 def claim_due(
