@@ -416,8 +416,11 @@ def _kept_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
     append. The cursor is wrapped as Django wraps its own (execute wrappers,
     query logging and error translation all apply), kept on the connection
     wrapper while the driver connection, the query logging and the settings
-    it was made for stay the same; where :func:`prepares` says so it prepares what it
-    runs again (:class:`_PreparingCursor`). Every call still does what
+    it was made for stay the same. Where :func:`prepares` says so, and
+    queries are not being logged (``DEBUG``, ``assertNumQueries``: the log
+    shows each statement with its values, which a prepared one does not
+    give), it prepares what it runs again (:class:`_PreparingCursor`).
+    Every call still does what
     ``db.cursor()`` does before it opens one: the health check, connecting
     (which refuses in async code and where tests block the database) and the
     thread check. A connection whose ``cursor`` is wrapped on the instance
