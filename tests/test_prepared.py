@@ -46,8 +46,18 @@ def inserts(statements: dict[str, int]) -> list[int]:
     return [runs for sql, runs in statements.items() if sql.startswith("INSERT INTO")]
 
 
+@pytest.fixture
+def new_connection():
+    """A connection of its own: nothing run or prepared on it yet (tests before this one
+    share theirs)."""
+    connection.close()
+    yield
+    connection.close()
+
+
 @pytest.mark.postgres
-def test_an_append_is_prepared_from_its_second_run_on_a_connection():
+@pytest.mark.django_db(transaction=True)
+def test_an_append_is_prepared_from_its_second_run_on_a_connection(new_connection):
     appends(1)
     assert inserts(prepared()) == []  # one run: sent as it is, no extra round trip
     streams = appends(4)
@@ -56,7 +66,8 @@ def test_an_append_is_prepared_from_its_second_run_on_a_connection():
 
 
 @pytest.mark.postgres
-def test_resumes_prepare_the_claim_and_the_chained_insert():
+@pytest.mark.django_db(transaction=True)
+def test_resumes_prepare_the_claim_and_the_chained_insert(new_connection):
     events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(4)]
     report = resume_due_runs(now=events[-1].created_at + timedelta(seconds=1))
     assert report.completed == 4
@@ -127,7 +138,7 @@ def test_runs_complete_the_same_with_preparing_on_or_off(settings):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_migration_on_another_connection_leaves_prepared_statements_working():
+def test_a_migration_on_another_connection_leaves_prepared_statements_working(new_connection):
     """A deploy migrates the event table while a worker's connection holds its prepared
     insert: PostgreSQL plans it again, and the insert names its columns, so the next
     append neither fails nor writes the wrong shape."""
