@@ -420,12 +420,12 @@ def _kept_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
     queries are not being logged (``DEBUG``, ``assertNumQueries``: the log
     shows each statement with its values, which a prepared one does not
     give), it prepares what it runs again (:class:`_PreparingCursor`).
-    Every call still does what
-    ``db.cursor()`` does before it opens one: the health check, connecting
-    (which refuses in async code and where tests block the database) and the
-    thread check. A connection whose ``cursor`` is wrapped on the instance
-    (the debug toolbar, a tracer, a test forbidding queries) or that threads
-    share gets Django's plain cursor each time, closed after use.
+    Every call still does what ``db.cursor()`` does before it opens one:
+    the health check, connecting (which refuses in async code and where
+    tests block the database) and the thread check. A connection whose
+    ``cursor`` is wrapped on the instance (the debug toolbar, a tracer, a
+    test forbidding queries) or that threads share gets Django's plain
+    cursor each time, closed after use.
     """
     attributes = vars(db)
     if "cursor" in attributes or db.allow_thread_sharing:
@@ -491,11 +491,15 @@ class _PreparingCursor(_DriverCursor):
         super().__init__(connection)
         self._seen: set[Any] = set()
 
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
+    ) -> Any:
         seen = query in self._seen
         if not seen:
             self._seen.add(query)
-        return super().execute(query, params, prepare=seen)
+        if prepare is None:
+            prepare = seen
+        return super().execute(query, params, prepare=prepare, **kwargs)
 
 
 #: A prepare threshold no statement reaches (see :class:`_PreparingCursor`).
