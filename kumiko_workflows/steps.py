@@ -264,7 +264,7 @@ class WaitForEvent(Step):
             try:
                 matching.validate(self.match)
             except InvalidMatchExpression as exc:
-                yield "E002", f"{where}: {exc}", "See the match expression grammar in README."
+                yield "E002", f"{where}: {exc}", "The grammar: docs/howto/match-expressions.md."
         if self.timeout is not None and is_static(self.timeout):
             yield from _time_problem(where, "timeout", self.timeout)
 

@@ -446,7 +446,7 @@ def test_a_rerun_of_a_failed_run_still_links_to_its_start(otel):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_readmes_prometheus_snippet_serves_the_metrics():
-    """README "Observability": its serve_metrics() in a process of its own, then a scrape."""
+    """docs/howto/observability.md: its serve_metrics() in a process of its own, then a scrape."""
     (block,) = [b.code for b in BLOCKS if "def serve_metrics" in b.code]
     script = textwrap.dedent(
         """
