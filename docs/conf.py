@@ -42,6 +42,10 @@ source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 # A link to a heading (page.md#a-heading) is checked like a link to a page.
 myst_heading_anchors = 3
+# Links between pages and to headings are checked (a broken one is a warning,
+# so an error). Python cross-references inside docstrings are not
+# (nitpicky off): without intersphinx, which needs the network, every
+# standard-library type in a signature would be one.
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 html_theme = "alabaster"
