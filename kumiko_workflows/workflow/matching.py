@@ -119,6 +119,13 @@ def _validate_node(node: Any, where: str, depth: int, count: list[int]) -> None:
 
 
 _MISSING = object()
+#: What :func:`value_at` gives for a path the payload has no value at.
+MISSING = _MISSING
+
+
+def value_at(payload: Any, path: list[Any]) -> Any:
+    """The value at ``path`` as :func:`matches` finds it, or :data:`MISSING`."""
+    return _lookup(payload, path)
 
 
 def _lookup(payload: Any, path: list[Any]) -> Any:
@@ -189,6 +196,34 @@ def matches(expression: dict[str, Any] | None, payload: Any) -> bool:
     if expression is None:
         return True
     return _evaluate(expression["expr"], payload)
+
+
+def never_matching(expression: dict[str, Any]) -> list[str]:
+    """The comparisons of a valid expression that no payload can satisfy, in words.
+
+    An ordered comparison with a boolean or null (ordered ops compare numbers
+    and strings only) and an ``in`` with no values. The builder in
+    :mod:`kumiko_workflows.match` refuses them; in a hand-written expression
+    they are a warning, as they were accepted before.
+    """
+    found: list[str] = []
+    _never(expression["expr"], "['expr']", found)
+    return found
+
+
+def _never(node: dict[str, Any], where: str, found: list[str]) -> None:
+    if node["kind"] in ("and", "or"):
+        for i, child in enumerate(node["nodes"]):
+            _never(child, f"{where}['nodes'][{i}]", found)
+        return
+    op = node["op"]
+    if op["kind"] in ORDERED_OPS and _category(op["value"]) not in ("number", "string"):
+        found.append(
+            f"{where}: {op['kind']} {json.dumps(op['value'])} can never match "
+            f"({op['kind']} compares numbers with numbers and strings with strings)"
+        )
+    elif op["kind"] == "in" and not op["values"]:
+        found.append(f"{where}: 'in' with no values can never match")
 
 
 def describe(expression: dict[str, Any] | None) -> str:
