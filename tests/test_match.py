@@ -382,3 +382,39 @@ def test_a_run_dependent_value_that_could_never_match_fails_the_run_saying_why(e
         assert failed.type == et.RUN_FAILED
         assert (failed.payload["reason"], failed.payload["step"]) == ("invalid_step_argument", "1")
         assert detail in WorkflowRun.objects.get(run_id=run_id).last_error
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "expected, arrived, told",
+    [
+        ("3", 3, 'user_id is 3 (a number) in the event, "3" (a string) in the match'),
+        (3, "3", 'user_id is "3" (a string) in the event, 3 (a number) in the match'),
+        (["1.5", "x"], 1.5, 'user_id is 1.5 (a number) in the event, "1.5" (a string) in the'),
+    ],
+)
+def test_the_run_page_names_an_arrived_event_that_differs_from_the_match_in_type_only(
+    expected, arrived, told
+):
+    from django.utils import timezone
+
+    from kumiko_workflows import resume_due_runs
+    from kumiko_workflows.operations.explain import explain
+
+    many = isinstance(expected, list)
+    expression = match.in_("user_id", expected) if many else match.eq("user_id", expected)
+    with registry.override(_workflow("m-builder", expression)):
+        start = trigger("m.start")
+        resume_due_runs()
+        run = WorkflowRun.objects.get(run_id=run_id_for("m-builder", start.payload["run_key"]))
+        append_event(uuid.uuid4(), "user", "m.event", {"user_id": 4})  # unlike in any type
+        assert "Near miss" not in dict(explain(run, timezone.now()).facts)
+
+        near = append_event(uuid.uuid4(), "user", "m.event", {"user_id": arrived})
+        resume_due_runs()
+        run.refresh_from_db()
+        assert run.status == "waiting"  # "3" never equals 3: the wait goes on
+        facts = dict(explain(run, timezone.now()).facts)
+        assert facts["Near miss"].startswith(
+            f"event #{near.id} would end this wait but for the type of a value: {told}"
+        )
