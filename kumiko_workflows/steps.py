@@ -285,9 +285,8 @@ class WaitForEvent(Step):
             event_type = awaits.get(self.awaits_key, "awaited")
             yield (
                 "W090",
-                f"{where} has no match: any {event_type!r} event ends it, and every other "
-                "wait of this step in every run (one user's event would end another user's "
-                "run)",
+                f"{where} has no match: any {event_type!r} event ends this wait in every "
+                "run waiting here (one user's event would end another user's run)",
                 "Say which event is this run's, e.g. match=match.eq('user_id', "
                 "match.from_trigger('user_id')) (from kumiko_workflows import match), or "
                 "match=match.any() if any such event is meant to end every such wait.",
@@ -320,7 +319,6 @@ class WaitForEvent(Step):
             },
         )
 
-
     def _stored_match(self, execution: Execution, path: Path) -> dict[str, Any] | None:
         """The match as the suspension stores it: JSON, or None for any event."""
         match = self.match
@@ -330,9 +328,7 @@ class WaitForEvent(Step):
             return None
         try:
             if isinstance(match, match_builder.Expression):
-                match = match.resolve(
-                    execution.ctx, lambda fn: execution.arg(path, "match", fn)
-                )
+                match = match.resolve(execution.ctx, lambda fn: execution.arg(path, "match", fn))
             return to_json(matching.validate(match), "match")
         except (InvalidMatchExpression, NotJSON) as exc:
             raise execution.invalid(path, str(exc)) from None
@@ -528,6 +524,11 @@ def wait_for_event(awaits_key: str, match: Any = None, timeout: Any = None) -> W
     if not isinstance(awaits_key, str) or not awaits_key:
         raise WorkflowDefinitionError(
             f"wait_for_event() needs an awaits key (a string), got {awaits_key!r}"
+        )
+    if match is match_builder.any:
+        raise WorkflowDefinitionError(
+            f"wait_for_event({awaits_key!r}, match=match.any): call it, match=match.any(); "
+            "uncalled it would be taken for a callable of ctx"
         )
     return WaitForEvent(awaits_key, match, timeout)
 

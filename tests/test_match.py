@@ -218,14 +218,21 @@ def test_a_wait_without_a_match_is_a_warning_and_match_any_silences_it():
     assert (type(warning), warning.id) == (django_checks.Warning, "kumiko_workflows.W090")
     assert warning.msg == (
         "workflow 'm-check': step 0 (wait_for_event 'verified') has no match: any "
-        "'user.email-verified' event ends it, and every other wait of this step in every run "
-        "(one user's event would end another user's run)"
+        "'user.email-verified' event ends this wait in every run waiting here (one user's "
+        "event would end another user's run)"
     )
     assert "match=match.any()" in warning.hint and "match.from_trigger('user_id')" in warning.hint
 
     for explicit in (match.any(), match.ANY, match.eq("user_id", 1), json_for_user):
         workflow = waiting(steps.wait_for_event("verified", explicit))
         assert check_workflows(workflows=[workflow]) == []
+
+
+def test_match_any_uncalled_is_refused_rather_than_called_with_ctx():
+    from kumiko_workflows.exceptions import WorkflowDefinitionError
+
+    with pytest.raises(WorkflowDefinitionError, match=r"call it, match=match.any\(\)"):
+        steps.wait_for_event("verified", match=match.any)
 
 
 def test_match_any_is_stored_and_fingerprinted_as_no_match_so_adding_it_strands_no_run():
