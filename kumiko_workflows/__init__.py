@@ -22,6 +22,7 @@ _EXPORTS = {
     "on_cron": "kumiko_workflows.workflow.definition",
     "run_id_for": "kumiko_workflows.workflow.definition",
     "steps": "kumiko_workflows.steps",
+    "match": "kumiko_workflows.match",
     "event_types": "kumiko_workflows.event_types",
     "append_event": "kumiko_workflows.store.events",
     "load_stream": "kumiko_workflows.store.events",
@@ -90,6 +91,7 @@ __all__ = [
     "fire_due_schedules",
     "fire_schedule_now",
     "load_stream",
+    "match",
     "migrate_workflow_runs",
     "on_cron",
     "on_event",
@@ -106,7 +108,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kumiko_workflows import event_types, steps
+    from kumiko_workflows import event_types, match, steps
     from kumiko_workflows.aio import (
         aappend_event,
         acancel_run,

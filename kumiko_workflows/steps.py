@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from kumiko_workflows import event_types as et
+from kumiko_workflows import match as match_builder
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import (
     InvalidDuration,
@@ -168,6 +169,13 @@ class Step:
         """What is wrong with its static arguments (its arms are checked on their own)."""
         return iter(())
 
+    def callables(self) -> Iterator[tuple[str, Callable[..., Any]]]:
+        """The callables among its arguments, by argument name (for the lambda warning)."""
+        for arg in self.callable_args:
+            value = getattr(self, arg)
+            if callable(value):
+                yield arg, value
+
     def run(self, execution: Execution, path: Path) -> None:
         raise NotImplementedError
 
@@ -240,12 +248,25 @@ class WaitForEvent(Step):
         return {
             "kind": self.kind,
             "awaits": self.awaits_key,
-            "match": describe_value(self.match),
+            "match": self._match_print(),
             "timeout": describe_value(self.timeout),
         }
 
+    def _match_print(self) -> Any:
+        if isinstance(self.match, match_builder.Expression):
+            return self.match.fingerprint(callable_name)
+        # match.ANY is stored as no match is, so it is fingerprinted alike:
+        # adding it to silence W090 strands no run.
+        return describe_value(None if self.match is match_builder.ANY else self.match)
+
     def label(self) -> str:
         return f"wait_for_event {self.awaits_key!r}"
+
+    def callables(self) -> Iterator[tuple[str, Callable[..., Any]]]:
+        yield from super().callables()
+        if isinstance(self.match, match_builder.Expression):
+            for where, fn in self.match.callables():
+                yield f"match value of {where}", fn
 
     def result_name(self) -> str | None:
         return self.awaits_key
@@ -260,21 +281,26 @@ class WaitForEvent(Step):
                 f"(declared: {declared})",
                 "Declare it: define_workflow(awaits={key: 'event.type'}).",
             )
-        if self.match is not None and is_static(self.match):
-            try:
-                matching.validate(self.match)
-            except InvalidMatchExpression as exc:
-                yield "E002", f"{where}: {exc}", "The grammar: docs/howto/match-expressions.md."
+        if self.match is None:
+            event_type = awaits.get(self.awaits_key, "awaited")
+            yield (
+                "W090",
+                f"{where} has no match: any {event_type!r} event ends this wait in every "
+                "run waiting here (one user's event would end another user's run)",
+                "Say which event is this run's, e.g. match=match.eq('user_id', "
+                "match.from_trigger('user_id')) (from kumiko_workflows import match), or "
+                "match=match.any() if any such event is meant to end every such wait.",
+            )
+        elif isinstance(self.match, match_builder.Expression):
+            if self.match.is_static():
+                yield from _match_problems(where, self.match.to_json)
+        elif self.match is not match_builder.ANY and is_static(self.match):
+            yield from _match_problems(where, lambda: matching.validate(self.match))
         if self.timeout is not None and is_static(self.timeout):
             yield from _time_problem(where, "timeout", self.timeout)
 
     def run(self, execution: Execution, path: Path) -> None:
-        match = execution.arg(path, "match", self.match)
-        if match is not None:
-            try:
-                match = to_json(matching.validate(match), "match")
-            except (InvalidMatchExpression, NotJSON) as exc:
-                raise execution.invalid(path, str(exc)) from None
+        match = self._stored_match(execution, path)
         timeout = execution.arg(path, "timeout", self.timeout)
         timeout_at = None if timeout is None else _wake_time(execution, path, "timeout", timeout)
         event_type = execution.awaits[self.awaits_key]
@@ -291,6 +317,36 @@ class WaitForEvent(Step):
                 "match": match,
                 "timeout_at": timeout_at.isoformat() if timeout_at else None,
             },
+        )
+
+    def _stored_match(self, execution: Execution, path: Path) -> dict[str, Any] | None:
+        """The match as the suspension stores it: JSON, or None for any event."""
+        match = self.match
+        if not isinstance(match, match_builder.Expression):
+            match = execution.arg(path, "match", match)  # a callable may return a builder's
+        if match is None or match is match_builder.ANY:
+            return None
+        try:
+            if isinstance(match, match_builder.Expression):
+                match = match.resolve(execution.ctx, lambda fn: execution.arg(path, "match", fn))
+            return to_json(matching.validate(match), "match")
+        except (InvalidMatchExpression, NotJSON) as exc:
+            raise execution.invalid(path, str(exc)) from None
+
+
+def _match_problems(where: str, stored: Callable[[], dict[str, Any]]) -> Iterator[Problem]:
+    """E002 for a malformed static match, W091 for a comparison that can never match."""
+    try:
+        expression = stored()
+    except InvalidMatchExpression as exc:
+        yield "E002", f"{where}: {exc}", "The grammar: docs/howto/match-expressions.md."
+        return
+    for problem in matching.never_matching(expression):
+        yield (
+            "W091",
+            f"{where}: match expression {problem}",
+            "Ordered comparisons take a number or a string; 'in' takes at least one value. "
+            "The match builder (kumiko_workflows.match) refuses both when called.",
         )
 
 
@@ -459,14 +515,20 @@ def wait(for_: Any) -> Wait:
 def wait_for_event(awaits_key: str, match: Any = None, timeout: Any = None) -> WaitForEvent:
     """Suspend until an event of the type declared under ``awaits_key`` arrives.
 
-    ``match`` (a match expression, a callable returning one, or None for any
-    event) filters candidates; ``timeout`` (None: wait indefinitely) bounds
-    the wait. ``ctx.steps[awaits_key]`` is the event's payload, or None on
-    timeout.
+    ``match`` (a :mod:`kumiko_workflows.match` expression, its stored JSON
+    form, a callable returning either, or ``match.ANY``: any event; None is
+    any event too, with system check W090) filters candidates; ``timeout``
+    (None: wait indefinitely) bounds the wait. ``ctx.steps[awaits_key]`` is
+    the event's payload, or None on timeout.
     """
     if not isinstance(awaits_key, str) or not awaits_key:
         raise WorkflowDefinitionError(
             f"wait_for_event() needs an awaits key (a string), got {awaits_key!r}"
+        )
+    if match is match_builder.any:
+        raise WorkflowDefinitionError(
+            f"wait_for_event({awaits_key!r}, match=match.any): call it, match=match.any(); "
+            "uncalled it would be taken for a callable of ctx"
         )
     return WaitForEvent(awaits_key, match, timeout)
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from kumiko_workflows import define_workflow, on_cron, on_event, run_id_for, steps
+from kumiko_workflows import define_workflow, match, on_cron, on_event, run_id_for, steps
 from kumiko_workflows.checks import check_settings, check_workflows
 from kumiko_workflows.exceptions import (
     InvalidArgument,
@@ -74,14 +74,14 @@ for _ in range(16):
 
 ERRORS = {
     "undeclared awaits key": (
-        [steps.wait_for_event("paid")],
+        [steps.wait_for_event("paid", match=match.ANY)],
         {"awaits": {"shipped": "order.shipped"}},
         "E001",
         "step 0 (wait_for_event 'paid') names awaits key 'paid', which is not declared "
         "(declared: shipped)",
     ),
     "no awaits at all": (
-        [steps.compute("a", noop), steps.wait_for_event("paid")],
+        [steps.compute("a", noop), steps.wait_for_event("paid", match=match.ANY)],
         {},
         "E001",
         "step 1 (wait_for_event 'paid') names awaits key 'paid', which is not declared "
@@ -160,7 +160,9 @@ ERRORS = {
         [
             steps.retry(
                 times=3,
-                do=[steps.branch(noop, then=[], else_=[steps.wait_for_event("k")])],
+                do=[
+                    steps.branch(noop, then=[], else_=[steps.wait_for_event("k", match=match.ANY)])
+                ],
             )
         ],
         {"awaits": {"k": "e"}},
@@ -216,19 +218,19 @@ ERRORS = {
         "for_='P1M' is invalid: 'P1M' uses years or months, which have no fixed length",
     ),
     "negative timeout": (
-        [steps.wait_for_event("k", timeout="-PT1S")],
+        [steps.wait_for_event("k", match=match.ANY, timeout="-PT1S")],
         {"awaits": {"k": "e"}},
         "E006",
         "step 0 (wait_for_event 'k'): timeout='-PT1S' is invalid: '-PT1S' is negative",
     ),
     "timeout in years": (
-        [steps.wait_for_event("k", timeout="P1Y")],
+        [steps.wait_for_event("k", match=match.ANY, timeout="P1Y")],
         {"awaits": {"k": "e"}},
         "E006",
         "timeout='P1Y' is invalid: 'P1Y' uses years or months",
     ),
     "naive timeout": (
-        [steps.wait_for_event("k", timeout=NAIVE)],
+        [steps.wait_for_event("k", match=match.ANY, timeout=NAIVE)],
         {"awaits": {"k": "e"}},
         "E006",
         "timeout=datetime.datetime(2026, 1, 31, 9, 0) is invalid: 2026-01-31T09:00:00 is a naive",
@@ -269,7 +271,7 @@ ERRORS = {
         "step 0 (compute 'a') already uses",
     ),
     "compute named like an awaits key": (
-        [steps.wait_for_event("k"), steps.compute("k", noop)],
+        [steps.wait_for_event("k", match=match.ANY), steps.compute("k", noop)],
         {"awaits": {"k": "e"}},
         "E007",
         "step 1 (compute 'k') stores its result as ctx.steps['k'], which "

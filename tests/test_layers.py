@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kumiko_workflows"
 LAYERS = [
     ("kumiko_workflows.workflow", 0),
     ("kumiko_workflows.steps", 0),
+    ("kumiko_workflows.match", 0),  # the match builder, beside the step vocabulary
     ("kumiko_workflows.event_types", 0),
     ("kumiko_workflows.exceptions", 0),
     ("kumiko_workflows.conf", 0),

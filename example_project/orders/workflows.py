@@ -7,7 +7,7 @@ provider, retried with backoff) → wait before shipping → ship.
 
 from __future__ import annotations
 
-from kumiko_workflows import define_workflow, on_event, steps
+from kumiko_workflows import define_workflow, match, on_event, steps
 
 
 class ChargeDeclined(Exception):
@@ -18,25 +18,14 @@ def order_key(event) -> str:
     return event.payload["order_id"]
 
 
-def order_id(ctx) -> str:
-    return order_key(ctx.event)
-
-
 def reserve_stock(ctx) -> dict:
     items = ctx.event.payload.get("items", [])
     ctx.append_event(ctx.event.aggregate_id, "order", "order.stock-reserved", {"items": items})
     return {"items": len(items)}
 
 
-def match_this_order(ctx) -> dict:
-    return {
-        "version": 1,
-        "expr": {
-            "kind": "atom",
-            "path": ["order_id"],
-            "op": {"kind": "eq", "value": order_id(ctx)},
-        },
-    }
+#: The order.paid event of this order: its order_id is the order.placed event's.
+this_order = match.eq("order_id", match.from_trigger("order_id"))
 
 
 def payment_window(ctx) -> str:
@@ -84,7 +73,7 @@ order_fulfilment = define_workflow(
     start="worker",
     steps=[
         steps.compute("reserve", reserve_stock),
-        steps.wait_for_event("paid", match=match_this_order, timeout=payment_window),
+        steps.wait_for_event("paid", match=this_order, timeout=payment_window),
         steps.branch(
             if_=unpaid,
             then=[steps.compute("cancel", cancel_order)],

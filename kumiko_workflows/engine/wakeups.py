@@ -31,7 +31,7 @@ from typing import Any
 from django.db.models import Q
 
 from kumiko_workflows import event_types as et
-from kumiko_workflows.exceptions import InvalidEvent, VersionConflict
+from kumiko_workflows.exceptions import InvalidEvent, InvalidMatchExpression, VersionConflict
 from kumiko_workflows.models import Event, SuspensionType, WakeCheck, WorkflowRunPending
 from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
@@ -123,6 +123,36 @@ def event_ending(row: WorkflowRunPending) -> Event | None:
         taken_by_run(row.awaited_refs()),
         until=row.timeout_at,
     )
+
+
+def near_miss(row: WorkflowRunPending) -> tuple[Event, list[str]] | None:
+    """An arrived event that would end the row's wait but for a value's type ("3" is not 3).
+
+    For the admin's explanation, where a mistyped match otherwise waits
+    without a word: one :func:`look_back` with :func:`matching.loosened`,
+    run only if the match has an equality whose value has another spelling.
+    Returns the event and the values that differ, in words.
+    """
+    if row.match_expr is None or row.awaited_event_id is not None:
+        return None
+    try:
+        expression = matching.validate(row.match_expr)
+        loose = matching.loosened(expression)
+        if loose is None:
+            return None
+        event = look_back(
+            row.tenant_id,
+            row.wait_event_type,
+            loose,
+            row.trigger_event_id or 0,
+            taken_by_run(row.awaited_refs()),
+            until=row.timeout_at,
+        )
+    except InvalidMatchExpression:
+        return None  # a tampered row: the resume fails it with invalid_match
+    if event is None or matching.matches(expression, event.payload):
+        return None
+    return event, matching.type_mismatches(expression, event.payload)
 
 
 def wake_with(row: WorkflowRunPending, event: Event) -> bool:

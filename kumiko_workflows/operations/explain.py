@@ -16,10 +16,12 @@ from typing import Any
 from django.utils import timezone
 
 from kumiko_workflows import event_types as et
+from kumiko_workflows.engine import wakeups
 from kumiko_workflows.engine.resume import max_resume_errors
 from kumiko_workflows.models import (
     Event,
     RunStatus,
+    SuspensionType,
     WorkflowRun,
     WorkflowRunPending,
 )
@@ -389,6 +391,21 @@ class _Teller:
         return event.payload if event is not None else None
 
 
+def _near_miss(row: WorkflowRunPending) -> list[tuple[str, str]]:
+    found = wakeups.near_miss(row)
+    if found is None:
+        return []
+    event, mismatches = found
+    detail = "; ".join(mismatches) or "a value differs in type only"
+    return [
+        (
+            "Near miss",
+            f"event #{event.id} would end this wait but for the type of a value: {detail}. "
+            'Equality is by type ("3" never equals 3): match on the type the events carry.',
+        )
+    ]
+
+
 def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     row = pending_row(run)
     if row is None:
@@ -405,6 +422,8 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     record = suspensions.for_type(row.suspension_type)
     if record is not None:
         facts.extend(record.facts(row, _Teller(run)))
+    if row.suspension_type == SuspensionType.EVENT:
+        facts.extend(_near_miss(row))
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
         facts.append(

@@ -278,10 +278,8 @@ def _callables(workflow: Workflow) -> Iterator[tuple[str, Any]]:
     if callable(workflow.idempotency_key):
         yield "idempotency_key", workflow.idempotency_key
     for path, step in iter_steps(workflow.steps):
-        for arg in step.callable_args:
-            value = getattr(step, arg)
-            if callable(value):
-                yield f"step {path_text(path)} ({step.label()}) {arg}", value
+        for arg, value in step.callables():
+            yield f"step {path_text(path)} ({step.label()}) {arg}", value
 
 
 # --- definitions ----------------------------------------------------------

@@ -12,6 +12,7 @@ An expression is stored as JSON: ``{"version": 1, "expr": E}`` where ``E`` is
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from kumiko_workflows.exceptions import InvalidMatchExpression
@@ -119,6 +120,13 @@ def _validate_node(node: Any, where: str, depth: int, count: list[int]) -> None:
 
 
 _MISSING = object()
+#: What :func:`value_at` gives for a path the payload has no value at.
+MISSING = _MISSING
+
+
+def value_at(payload: Any, path: list[Any]) -> Any:
+    """The value at ``path`` as :func:`matches` finds it, or :data:`MISSING`."""
+    return _lookup(payload, path)
 
 
 def _lookup(payload: Any, path: list[Any]) -> Any:
@@ -189,6 +197,109 @@ def matches(expression: dict[str, Any] | None, payload: Any) -> bool:
     if expression is None:
         return True
     return _evaluate(expression["expr"], payload)
+
+
+def never_matching(expression: dict[str, Any]) -> list[str]:
+    """The comparisons of a valid expression that no payload can satisfy, in words.
+
+    An ordered comparison with a boolean or null (ordered ops compare numbers
+    and strings only) and an ``in`` with no values. The builder in
+    :mod:`kumiko_workflows.match` refuses them; in a hand-written expression
+    they are a warning, as they were accepted before.
+    """
+    found: list[str] = []
+    _never(expression["expr"], "['expr']", found)
+    return found
+
+
+def _never(node: dict[str, Any], where: str, found: list[str]) -> None:
+    if node["kind"] in ("and", "or"):
+        for i, child in enumerate(node["nodes"]):
+            _never(child, f"{where}['nodes'][{i}]", found)
+        return
+    op = node["op"]
+    if op["kind"] in ORDERED_OPS and _category(op["value"]) not in ("number", "string"):
+        found.append(
+            f"{where}: {op['kind']} {json.dumps(op['value'])} can never match "
+            f"({op['kind']} compares numbers with numbers and strings with strings)"
+        )
+    elif op["kind"] == "in" and not op["values"]:
+        found.append(f"{where}: 'in' with no values can never match")
+
+
+# --- near misses: "3" is not 3 ------------------------------------------------------
+#
+# Which type an awaited event will carry is unknown until it arrives, so a
+# wait comparing with "3" when events hold 3 cannot be caught beforehand. It
+# can be seen once such an event has arrived: ``loosened`` gives the
+# expression that also accepts the other spelling of each equality's value,
+# and ``type_mismatches`` says, for an event that matches it but not the wait,
+# which values differ in type only.
+
+_NUMBER_TEXT = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
+
+
+def _respelled(value: Any) -> Any:
+    """The other-typed spelling of an equality's value ("3" for 3, 3 for "3"), or _MISSING."""
+    kind = _category(value)
+    if kind == "number":
+        return canonical_value(value)
+    if kind == "string" and len(value) <= 40 and _NUMBER_TEXT.fullmatch(value):
+        return json.loads(value)
+    return _MISSING
+
+
+def loosened(expression: dict[str, Any]) -> dict[str, Any] | None:
+    """``expression`` with each eq/in also accepting the respelled values; None if none has one.
+
+    ``expression`` must have passed :func:`validate`.
+    """
+    changed = [False]
+    node = _loosen(expression["expr"], changed)
+    return {"version": 1, "expr": node} if changed[0] else None
+
+
+def _loosen(node: dict[str, Any], changed: list[bool]) -> dict[str, Any]:
+    if node["kind"] in ("and", "or"):
+        return {"kind": node["kind"], "nodes": [_loosen(child, changed) for child in node["nodes"]]}
+    op = node["op"]
+    if op["kind"] not in ("eq", "in"):
+        return node
+    values = [op["value"]] if op["kind"] == "eq" else list(op["values"])
+    extra = [v for v in map(_respelled, values) if v is not _MISSING]
+    if not extra:
+        return node
+    changed[0] = True
+    return {"kind": "atom", "path": node["path"], "op": {"kind": "in", "values": values + extra}}
+
+
+def type_mismatches(expression: dict[str, Any], payload: Any) -> list[str]:
+    """Each equality that ``payload`` meets only in another type, in words."""
+    found: list[str] = []
+    _mismatches(expression["expr"], payload, found)
+    return found
+
+
+def _mismatches(node: dict[str, Any], payload: Any, found: list[str]) -> None:
+    if node["kind"] in ("and", "or"):
+        for child in node["nodes"]:
+            _mismatches(child, payload, found)
+        return
+    op = node["op"]
+    if op["kind"] not in ("eq", "in"):
+        return
+    values = [op["value"]] if op["kind"] == "eq" else op["values"]
+    actual = _lookup(payload, node["path"])
+    if actual is _MISSING or any(_equal(actual, value) for value in values):
+        return
+    for value in values:
+        if _equal(actual, _respelled(value)):
+            path = ".".join(str(key) for key in node["path"])
+            found.append(
+                f"{path} is {json.dumps(actual)} (a {_category(actual)}) in the event, "
+                f"{json.dumps(value)} (a {_category(value)}) in the match"
+            )
+            return
 
 
 def describe(expression: dict[str, Any] | None) -> str:
