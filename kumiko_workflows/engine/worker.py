@@ -40,6 +40,7 @@ from django.utils import timezone
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.cron import fire_due_schedules
+from kumiko_workflows.engine.rehearsal import Rehearsal, rehearse
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
 from kumiko_workflows.exceptions import WorkerAlreadyRunning
 from kumiko_workflows.models import WorkerHeartbeat, WorkflowRunPending
@@ -333,6 +334,11 @@ class Worker:
         """One pass as a worker of its own: on SQLite, refused while another one runs."""
         with exclusive():
             return self.run_once(now)
+
+    def rehearse(self, now: datetime | None = None) -> Rehearsal[PassResult]:
+        """One pass rolled back at its end: what it would do, written nothing (``--dry-run``)."""
+        with exclusive():
+            return rehearse(lambda: self.run_once(now))
 
     def run_once(self, now: datetime | None = None) -> PassResult:
         if self.heartbeat is not None:
