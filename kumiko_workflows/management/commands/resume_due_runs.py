@@ -11,6 +11,7 @@ from django.db import DatabaseError, InterfaceError
 
 from kumiko_workflows.engine.worker import PassResult, Worker
 from kumiko_workflows.exceptions import WorkerAlreadyRunning
+from kumiko_workflows.management import reloading
 from kumiko_workflows.management.arguments import (
     aware_instant,
     positive_float,
@@ -18,6 +19,7 @@ from kumiko_workflows.management.arguments import (
     refuse_writing_rehearsal,
 )
 
+logger = logging.getLogger("kumiko_workflows.worker")
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
 
@@ -45,6 +47,14 @@ class Command(BaseCommand):
             "--loop",
             action="store_true",
             help="Keep running: sleep until the next run is due (or NOTIFY on PostgreSQL).",
+        )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help=(
+                "With --loop, for development: restart the worker when a Python file changes "
+                "(Django's autoreloader, as runserver), after the current run finishes."
+            ),
         )
         parser.add_argument(
             "--interval",
@@ -126,6 +136,10 @@ class Command(BaseCommand):
         if options["loop"] and options["dry_run"]:
             raise CommandError("--dry-run makes one pass and rolls it back; a --loop worker writes")
         refuse_writing_rehearsal(options["now"], options["dry_run"], options["write"])
+        if options["reload"] and not options["loop"]:
+            raise CommandError("--reload restarts a --loop worker when files change: add --loop")
+        if options["reload"] and not reloading.in_child():
+            raise SystemExit(reloading.supervise())  # the child runs the worker
 
         def started(line: str) -> None:
             if verbosity >= 1:
@@ -159,6 +173,18 @@ class Command(BaseCommand):
             heartbeat=not options["dry_run"],
         )
         if options["loop"]:
+            changed: list[str] = []
+            if options["reload"]:
+
+                def restart(path: str) -> None:
+                    changed.append(path)
+                    logger.warning(
+                        "%s changed: finishing the current run, then restarting with the new code",
+                        path,
+                    )
+                    worker.stop()
+
+                reloading.watch(restart)
             try:
                 worker.run_forever()
             except WorkerAlreadyRunning as exc:
@@ -168,6 +194,9 @@ class Command(BaseCommand):
                     f"resume_due_runs: stopped after {worker.passes} pass(es): "
                     f"{worker.totals} fired={worker.fired}"
                 )
+            if changed:
+                self.stdout.write(f"resume_due_runs: restarting: {changed[0]} changed")
+                raise SystemExit(reloading.RELOAD_EXIT)
             if worker.errors:
                 raise CommandError(f"the worker met {worker.errors} error(s); see the log")
             return
