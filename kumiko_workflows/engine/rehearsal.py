@@ -13,6 +13,9 @@ Not rolled back: what a step does outside this database (an email sent, an
 HTTP request, a file, a write to another database); a rehearsal runs the
 steps' code. Nothing waits for the commit that never comes: transition
 signals and other ``on_commit`` callbacks are dropped, and no NOTIFY is sent.
+PostgreSQL's id sequences are not transactional: ids the rehearsal took are
+skipped. The transaction holds the rows it claimed (and, on SQLite, the
+write lock) until the pass ends.
 """
 
 from __future__ import annotations
