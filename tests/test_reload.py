@@ -155,6 +155,7 @@ def test_a_reloading_worker_finishes_its_run_then_resumes_with_the_new_code(prob
         code = worker.wait()
 
     assert code == 0, worker.log()
+    assert "SIGTERM received: finishing the current run" in worker.log()  # passed on to the child
     runs = executions(probe_app)
     assert [key for key, _, _ in runs] == [held_key, fresh_key]  # each step ran once
     (held_code, held_pid), (fresh_code, fresh_pid) = [(c, pid) for _, c, pid in runs]
