@@ -62,6 +62,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
 )
 from kumiko_workflows.operations.explain import (
+    Explanation,
     attempt_text,
     awaited_events,
     describe_match,
@@ -649,8 +650,12 @@ class WorkflowRunAdmin(WorkflowAdmin):
         run = self.get_object(request, unquote(object_id))
         context = dict(extra_context or {})
         if run is not None:
+            # Django's form reads the run again (get_object): it gets this one,
+            # so the heading, the explanation and the buttons tell one state.
+            request._kw_run_snapshot = (unquote(object_id), run)  # type: ignore[attr-defined]
             entries = timeline(run)
-            context["kw_explanation"] = explain(run, clock.now())
+            explanation = explain(run, clock.now())
+            context["kw_explanation"] = explanation
             context["kw_timeline"] = [
                 {
                     "entry": entry,
@@ -663,7 +668,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 for entry in entries
             ]
             context["kw_related"] = self._related(run, awaited_events(entries))
-            context["kw_buttons"] = self._buttons(request, run)
+            context["kw_buttons"] = self._buttons(request, run, explanation)
             context["kw_changelist_url"] = self._changelist_url(WorkflowRun)
         return super().change_view(request, object_id, form_url, context)
 
@@ -679,17 +684,29 @@ class WorkflowRunAdmin(WorkflowAdmin):
             related.append((what.capitalize(), self._event_link(event_id, text)))
         return related
 
-    def _buttons(self, request: HttpRequest, run: WorkflowRun) -> list[tuple[str, str, str]]:
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        snapshot = getattr(request, "_kw_run_snapshot", None)
+        if snapshot is not None and from_field is None and snapshot[0] == object_id:
+            return snapshot[1]
+        return super().get_object(request, object_id, from_field)
+
+    def _buttons(
+        self, request: HttpRequest, run: WorkflowRun, explanation: Explanation
+    ) -> list[tuple[str, str, str]]:
+        """The actions the explanation leaves open, each with its note (none on a stale read)."""
+        if explanation.moved:
+            return []
         allowed = self.get_actions(request)
         buttons = []
-        if "wake_now" in allowed and run.status == RunStatus.WAITING:
+        waking = run.status == RunStatus.WAITING and not explanation.due
+        if "wake_now" in allowed and waking:
             note = (
                 "Resumes as if the wait had timed out."
                 if run.suspension_type == SuspensionType.EVENT
                 else "Resumes on the next worker pass."
             )
             buttons.append(("wake_now", "Wake now", note))
-        if "rerun_failed" in allowed and run.status == RunStatus.FAILED:
+        if "rerun_failed" in allowed and explanation.rerunnable:
             buttons.append(
                 ("rerun_failed", "Rerun", "Runs again from where the failed attempt began.")
             )

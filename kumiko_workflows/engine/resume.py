@@ -580,16 +580,22 @@ def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     )
 
 
-def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
-    """Run a failed run again from where its failed attempt began.
+def rerun_refusal(run: WorkflowRun) -> str | None:
+    """Why :func:`rerun_run` would refuse ``run`` as read, or None: what the run page offers."""
+    try:
+        _rerun_basis(run)
+    except RunNotRerunnable as exc:
+        return str(exc)
+    return None
 
-    The steps of that attempt were rolled back with the failure, so they run
-    again. Raises :class:`RunNotRerunnable` when the run is not failed or its
-    workflow's definition changed since it started, :class:`InvalidArgument`
-    for a ``by`` the event store would refuse.
+
+def _rerun_basis(run: WorkflowRun) -> tuple[Workflow, Event]:
+    """The definition a rerun of ``run`` runs on and the failure it starts from.
+
+    Raises :class:`RunNotRerunnable` when the run is not failed, its
+    workflow's definition changed since it started, or it failed before its
+    first step (a failure records where a rerun starts as "retry_from").
     """
-    check_by(by)
-    run = find_run(run_id)
     if run.status != RunStatus.FAILED:
         raise RunNotRerunnable(f"run {run.run_id} is {run.status}, not failed")
     # A rerun keeps the run's version: that version's code must still be declared, unchanged.
@@ -606,12 +612,23 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
         .order_by("-version")
         .first()
     )
-    # The failure records where a rerun starts under the payload key "retry_from".
-    rerun_from = failed.payload.get("retry_from") if failed else None
-    if rerun_from is None:
+    if failed is None or failed.payload.get("retry_from") is None:
         raise RunNotRerunnable(f"run {run.run_id} failed before its first step could run")
+    return workflow, failed
 
-    assert failed is not None  # rerun_from came from it
+
+def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+    """Run a failed run again from where its failed attempt began.
+
+    The steps of that attempt were rolled back with the failure, so they run
+    again. Raises :class:`RunNotRerunnable` when the run is not failed or its
+    workflow's definition changed since it started, :class:`InvalidArgument`
+    for a ``by`` the event store would refuse.
+    """
+    check_by(by)
+    run = find_run(run_id)
+    workflow, failed = _rerun_basis(run)
+    rerun_from = failed.payload["retry_from"]
     version = workflow.version
 
     def payload(current: WorkflowRun) -> dict[str, Any]:

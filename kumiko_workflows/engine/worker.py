@@ -20,6 +20,7 @@ import os
 import select
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,7 @@ from django.utils import timezone
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.cron import fire_due_schedules
+from kumiko_workflows.engine.rehearsal import Rehearsal, rehearse
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
 from kumiko_workflows.exceptions import WorkerAlreadyRunning
 from kumiko_workflows.models import WorkerHeartbeat, WorkflowRunPending
@@ -293,6 +295,9 @@ class Worker:
         self.passes = 0
         self.errors = 0
         self._wakeup_r: int | None = None
+        self._wakeup_w: int | None = None
+        self._wakeup_lock = threading.Lock()
+        self._signalled = False
         self.heartbeat = Heartbeat(self.tenants, loop) if heartbeat else None
 
     @property
@@ -333,6 +338,11 @@ class Worker:
         """One pass as a worker of its own: on SQLite, refused while another one runs."""
         with exclusive():
             return self.run_once(now)
+
+    def rehearse(self, now: datetime | None = None) -> Rehearsal[PassResult]:
+        """One pass rolled back at its end: what it would do, written nothing (``--dry-run``)."""
+        with exclusive():
+            return rehearse(lambda: self.run_once(now))
 
     def run_once(self, now: datetime | None = None) -> PassResult:
         if self.heartbeat is not None:
@@ -500,17 +510,31 @@ class Worker:
     def _restore_signals(self) -> None:
         for signum, handler in getattr(self, "_previous", {}).items():
             signal.signal(signum, handler)
-        if self._wakeup_r is not None:
-            signal.set_wakeup_fd(self._previous_wakeup)
-            os.close(self._wakeup_r)
-            os.close(self._wakeup_w)
-            self._wakeup_r = None
+        with self._wakeup_lock:  # not while stop() writes to the pipe
+            if self._wakeup_r is not None and self._wakeup_w is not None:
+                signal.set_wakeup_fd(self._previous_wakeup)
+                os.close(self._wakeup_r)
+                os.close(self._wakeup_w)
+                self._wakeup_r = self._wakeup_w = None
+
+    def stop(self) -> None:
+        """Finish the current run, then leave the loop, as a first SIGTERM does; from any thread.
+
+        ``--reload`` calls it from the thread that watches the files.
+        """
+        self.stopping = True
+        with self._wakeup_lock:
+            if self._wakeup_w is not None:
+                try:
+                    os.write(self._wakeup_w, b"\0")  # ends the loop's sleep
+                except BlockingIOError:
+                    pass  # the pipe is full: the loop wakes anyway
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping:
+        if self._signalled:
             logger.warning("second %s: exiting now", signal.Signals(signum).name)
             raise SystemExit(1)
-        self.stopping = True
+        self._signalled = self.stopping = True
         logger.warning(
             "%s received: finishing the current run, then exiting (send again to force)",
             signal.Signals(signum).name,
