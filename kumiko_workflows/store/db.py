@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -639,6 +639,32 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
     with engine().cursor() as cursor:
         cursor.execute(statement(("due_backlog",), build), [now, cap])
         return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+
+
+#: The database's clock, as Django's ``Now()`` reads it (the statement's
+#: instant on PostgreSQL, not the transaction's), in UTC.
+_NOW_SQL = {
+    "postgresql": "SELECT STATEMENT_TIMESTAMP()",
+    "sqlite": "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'now')",
+}
+
+
+def database_now() -> datetime:
+    """The engine's database's clock now: the one clock of instants other processes wrote.
+
+    Workers write their heartbeats with ``Now()`` (this clock), and their
+    age is judged on it too, so no process's own clock, however far it is
+    off, makes a dead worker look alive or a live one dead.
+    """
+    conn = engine()
+    with conn.cursor() as cursor:
+        cursor.execute(_NOW_SQL.get(conn.vendor, "SELECT CURRENT_TIMESTAMP"))
+        (value,) = cursor.fetchone()
+    if isinstance(value, str):  # SQLite: UTC as text
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 def connection_broken() -> bool:
