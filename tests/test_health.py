@@ -260,9 +260,7 @@ def _unreachable(tmp_path) -> dict[str, str]:
     return {"DATABASE_URL": f"sqlite:///{missing}", "KUMIKO_TEST_DB_NAME": missing}
 
 
-@pytest.mark.parametrize(
-    "args", [["--check"], ["--check", "--json"], ["--json"], []], ids=" ".join
-)
+@pytest.mark.parametrize("args", [["--check"], ["--check", "--json"], ["--json"], []], ids=" ".join)
 def test_with_the_database_down_the_status_is_one_line_and_exits_1(args, tmp_path):
     result = skewed(0, "workflow_status", *args, **_unreachable(tmp_path))
 

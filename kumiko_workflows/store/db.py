@@ -83,6 +83,29 @@ def on_commit(func: Callable[[], Any], *, robust: bool = False) -> None:
     transaction.on_commit(func, using=alias(), robust=robust)
 
 
+def _in_transaction(conn: BaseDatabaseWrapper) -> bool:
+    """Whether ``conn`` has a transaction open (an atomic block, or autocommit turned off)."""
+    return conn.in_atomic_block or (conn.connection is not None and not conn.autocommit)
+
+
+def foreign_transaction() -> str | None:
+    """The alias of another database with a transaction open here, if the engine's has none.
+
+    A write of the engine's made then would commit at once, outside that
+    transaction: the caller would have a transaction the engine's writes are
+    not part of. Reads only this thread's connection state (no SQL), and
+    only connections this thread has opened: another cannot be in a
+    transaction.
+    """
+    own = engine()
+    if _in_transaction(own):
+        return None
+    for conn in connections.all(initialized_only=True):
+        if conn.alias != own.alias and _in_transaction(conn):
+            return str(conn.alias)
+    return None
+
+
 def set_rollback(rollback: bool) -> None:
     transaction.set_rollback(rollback, using=alias())
 
