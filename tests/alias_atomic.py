@@ -175,6 +175,30 @@ def other_operations(key: str) -> dict[str, Any]:
     return {"refused_operations": refused}
 
 
+def admin_in_a_request_transaction(key: str) -> dict[str, Any]:
+    # ATOMIC_REQUESTS on the site's database: the admin's actions still act.
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from kumiko_workflows import event_types
+
+    engine_only(key, fail=False)
+    run = run_id_for("t-wait", key)
+    User.objects.create_superuser(f"admin-{key}", "a@example.com", "pw")
+    client = Client()
+    client.login(username=f"admin-{key}", password="pw")
+    connections.settings["default"]["ATOMIC_REQUESTS"] = True
+    try:
+        response = client.post(
+            "/admin/kumiko_workflows/workflowrun/",
+            {"action": "wake_now", "_selected_action": [str(run)]},
+        )
+    finally:
+        connections.settings["default"]["ATOMIC_REQUESTS"] = False
+    woken = Event.objects.filter(aggregate_id=run, type=event_types.WAKE_REQUESTED).exists()
+    return {"admin_status": response.status_code, "woken": woken}
+
+
 def cases() -> dict[str, Any]:
     token = uuid.uuid4().hex[:8]
     return {
@@ -192,6 +216,7 @@ def cases() -> dict[str, Any]:
         ),
         "autocommit": case(f"auto-{token}", lambda: autocommit(f"auto-{token}")),
         "operations": case(f"ops-{token}", lambda: other_operations(f"ops-{token}")),
+        "admin": case(f"admin-{token}", lambda: admin_in_a_request_transaction(f"admin-{token}")),
     }
 
 

@@ -179,6 +179,10 @@ def test_what_is_atomic_with_what_when_the_engine_has_a_database_of_its_own(site
         for name, message in operations["refused_operations"].items()
     ), operations
     assert operations["run"] == "waiting", operations
+    # The admin's actions act in a transaction of their own on the engine's alias, also
+    # inside a request's transaction on the site's (ATOMIC_REQUESTS).
+    admin = seen["admin"]
+    assert (admin.get("admin_status"), admin.get("woken")) == (302, True), admin
 
 
 @pytest.mark.django_db
