@@ -97,6 +97,8 @@ def foreign_transaction() -> str | None:
     only connections this thread has opened: another cannot be in a
     transaction.
     """
+    if len(connections.settings) == 1:
+        return None  # one database: every transaction is the engine's (asked on every append)
     own = engine()
     if _in_transaction(own):
         return None
