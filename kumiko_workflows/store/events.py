@@ -232,8 +232,9 @@ def joins_callers_transaction(operation: str) -> None:
         f"engine's tables are on {own!r} (KUMIKO_WORKFLOWS['DATABASE']), where no transaction "
         f"is open: its writes (events, the runs they start, their signals) would commit at "
         f"once, even if the transaction on {other!r} rolls back. Nothing was written. Open "
-        f"transaction.atomic(using={own!r}) around the call as well (the engine's writes then "
-        f"commit or roll back with it), or make the call once {other!r} has committed"
+        f"transaction.atomic(using={own!r}) around your transaction on {other!r} (the "
+        f"engine's writes then commit or roll back with it, just after yours), or make the "
+        f"call once {other!r} has committed"
     )
 
 
