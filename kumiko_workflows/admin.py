@@ -28,6 +28,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import F, Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -74,9 +75,22 @@ from kumiko_workflows.operations.explain import (
     timeline,
     when,
 )
+from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import FAILURE_REASONS
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import run_id_for
+
+
+def _own_transaction() -> transaction.Atomic:
+    """A transaction on the engine's database for one of the admin's operations (wake, cancel...).
+
+    Each acts at once, committed on its own: a request's transaction on
+    another database (``ATOMIC_REQUESTS`` on the site's, the engine's tables
+    on a database of their own) is not the operation's to join, and the
+    operation would refuse to run inside it alone (``CrossDatabaseTransaction``).
+    """
+    return db.atomic()
+
 
 #: Runs listed by name on the cancel confirmation page; the rest are counted.
 CANCEL_LIST_LIMIT = 100
@@ -582,7 +596,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
         where = f"{name} (tenant {tenant})"
         try:
             if op == "pause":
-                if pause_schedule(name, tenant, by=by):
+                with _own_transaction():
+                    paused = pause_schedule(name, tenant, by=by)
+                if paused:
                     self.message_user(
                         request,
                         f"Paused {where}: no slot fires until it is resumed, and the slots "
@@ -592,7 +608,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 else:
                     self.message_user(request, f"{where} was paused already.", messages.WARNING)
             elif op == "resume":
-                if resume_schedule(name, tenant, by=by):
+                with _own_transaction():
+                    resumed = resume_schedule(name, tenant, by=by)
+                if resumed:
                     self.message_user(
                         request,
                         f"Resumed {where}: its slots from now on fire.",
@@ -611,7 +629,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
     def _fire(self, request: HttpRequest, name: str, tenant: str, where: str, by: str) -> None:
         key = request.POST.get("key") or uuid.uuid4().hex
         # The admin request only queues the run; a worker runs its steps.
-        with start_in_worker():
+        with start_in_worker(), _own_transaction():
             run_id = fire_schedule_now(name, tenant, key=key, by=by)
         if run_id is not None:
             self.message_user(
@@ -748,7 +766,10 @@ class WorkflowRunAdmin(WorkflowAdmin):
         woken = skipped = 0
         for run in queryset:
             try:
-                ok = run.status == RunStatus.WAITING and wake_run(run.run_id, by=_actor(request))
+                with _own_transaction():
+                    ok = run.status == RunStatus.WAITING and wake_run(
+                        run.run_id, by=_actor(request)
+                    )
             except RunNotFound:
                 ok = False
             woken += ok
@@ -771,9 +792,10 @@ class WorkflowRunAdmin(WorkflowAdmin):
             cancelled = skipped = 0
             for run in queryset:
                 try:
-                    ok = run.status not in SETTLED_STATUSES and cancel_run(
-                        run.run_id, reason, by=_actor(request)
-                    )
+                    with _own_transaction():
+                        ok = run.status not in SETTLED_STATUSES and cancel_run(
+                            run.run_id, reason, by=_actor(request)
+                        )
                 except RunNotFound:
                     ok = False
                 cancelled += ok
@@ -819,7 +841,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 skipped += 1
                 continue
             try:
-                if rerun_run(run.run_id, by=_actor(request)):
+                with _own_transaction():
+                    rerun = rerun_run(run.run_id, by=_actor(request))
+                if rerun:
                     requested += 1
                 else:
                     skipped += 1

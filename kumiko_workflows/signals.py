@@ -4,6 +4,9 @@ Each is sent once per transition, after the transaction that wrote the
 transition's run event commits (``transaction.on_commit`` on the engine's
 database), and never for a transition that was rolled back: a caller's
 transaction around an inline start, a step's savepoint, a worker's batch.
+With the engine's tables on a database of their own, that transaction is
+the one on the engine's alias: an append inside a transaction on another
+alias alone is refused (:class:`~kumiko_workflows.exceptions.CrossDatabaseTransaction`).
 
 ``sender`` is the workflow (the object ``define_workflow`` returned), so
 ``run_completed.connect(receiver, sender=order_fulfilment)`` hears one

@@ -41,7 +41,12 @@ from kumiko_workflows.engine.segment import start_run
 from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionConflict
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store import db
-from kumiko_workflows.store.events import append_event, engine_stream, name_problem
+from kumiko_workflows.store.events import (
+    append_event,
+    engine_stream,
+    joins_callers_transaction,
+    name_problem,
+)
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import (
     CronTrigger,
@@ -539,6 +544,7 @@ def _set_paused(
     workflow_name: str, tenant_id: str | None, paused: bool, by: str, now: datetime | None
 ) -> bool:
     moment = _aware(now)
+    joins_callers_transaction("pause_schedule" if paused else "resume_schedule")
     for _ in range(_ATTEMPTS):
         schedule = _schedule(workflow_name, tenant_id)
         if schedule.paused == paused:
@@ -610,6 +616,7 @@ def fire_schedule_now(
         raise InvalidArgument(
             f"fire_schedule_now key must be 1-100 characters of text, got {key!r}"
         )
+    joins_callers_transaction("fire_schedule_now")
     run_key = f"now:{uuid.uuid4().hex if key is None else key}"
     schedule = _schedule(workflow_name, tenant_id)
     run_id = run_id_for(workflow_name, run_key, schedule.tenant_id)

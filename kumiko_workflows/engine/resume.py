@@ -45,7 +45,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.store import db
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
-from kumiko_workflows.store.events import name_problem
+from kumiko_workflows.store.events import joins_callers_transaction, name_problem
 from kumiko_workflows.store.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
@@ -555,6 +555,7 @@ def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> b
     if problem:
         raise InvalidArgument(f"reason {problem}")
     check_by(by)
+    joins_callers_transaction("cancel_run")
     return _append_to_run(
         run_id,
         lambda run: run.status not in SETTLED_STATUSES,
@@ -571,6 +572,7 @@ def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     for a ``by`` the event store would refuse.
     """
     check_by(by)
+    joins_callers_transaction("wake_run")
     return _append_to_run(
         run_id,
         lambda run: run.status == RunStatus.WAITING,
@@ -626,6 +628,7 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     for a ``by`` the event store would refuse.
     """
     check_by(by)
+    joins_callers_transaction("rerun_run")
     run = find_run(run_id)
     workflow, failed = _rerun_basis(run)
     rerun_from = failed.payload["retry_from"]

@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - not POSIX: no lock (nor signals, nor s
 
 from django.db import DatabaseError, InterfaceError, close_old_connections
 from django.db.models import Min
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from kumiko_workflows import telemetry
@@ -198,10 +199,14 @@ class Heartbeat:
 
     Written at the start of a pass, at most every :data:`HEARTBEAT_SECONDS`:
     one UPDATE of the worker's own row (an INSERT the first time). Its
-    instants are the real time, not the engine's clock: orchestrators read
-    them. A heartbeat that cannot be written (the table not migrated yet)
-    is logged once and never stops the worker; a broken connection is raised
-    like any other, so the worker backs off.
+    instants are the database's clock (``Now()`` in the statement), neither
+    the engine's (a test's virtual time) nor this process's: they are
+    judged against that clock by another process (``workflow_status
+    --check``), and a worker whose own clock is off would otherwise look
+    dead while it runs, or alive long after it died. A heartbeat that
+    cannot be written (the table not migrated yet) is logged once and never
+    stops the worker; a broken connection is raised like any other, so the
+    worker backs off.
     """
 
     def __init__(self, tenants: Sequence[str], loop: bool) -> None:
@@ -209,7 +214,6 @@ class Heartbeat:
         self.name = f"{self.hostname}:{os.getpid()}"
         self.tenants = list(tenants)
         self.loop = loop
-        self.started_at = timezone.now()
         self._pk: int | None = None
         self._last: float | None = None
         self._warned = False
@@ -219,7 +223,7 @@ class Heartbeat:
             return
         self._last = time.monotonic()
         try:
-            self._write(timezone.now())
+            self._write()
         except CONNECTION_ERRORS as exc:
             if db.connection_broken():
                 raise
@@ -232,13 +236,13 @@ class Heartbeat:
                     str(exc).strip().splitlines()[0] if str(exc) else "",
                 )
 
-    def _write(self, now: datetime) -> None:
+    def _write(self) -> None:
         # In a block of its own: a refused statement never spoils a caller's transaction.
         with db.atomic():
             rows = WorkerHeartbeat.objects.filter(pk=self._pk) if self._pk is not None else None
-            if rows is not None and rows.update(seen_at=now):
+            if rows is not None and rows.update(seen_at=Now()):
                 return
-            WorkerHeartbeat.objects.filter(seen_at__lt=now - HEARTBEAT_KEPT).delete()
+            WorkerHeartbeat.objects.filter(seen_at__lt=Now() - HEARTBEAT_KEPT).delete()
             row, _ = WorkerHeartbeat.objects.update_or_create(
                 name=self.name,
                 defaults={
@@ -246,8 +250,8 @@ class Heartbeat:
                     "pid": os.getpid(),
                     "tenants": self.tenants,
                     "loop": self.loop,
-                    "started_at": self.started_at,
-                    "seen_at": now,
+                    "started_at": Now(),
+                    "seen_at": Now(),
                 },
             )
         self._pk = row.pk

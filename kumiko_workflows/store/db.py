@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -81,6 +81,31 @@ def atomic(*, savepoint: bool = True) -> transaction.Atomic:
 def on_commit(func: Callable[[], Any], *, robust: bool = False) -> None:
     """Run ``func`` once the engine's current transaction commits."""
     transaction.on_commit(func, using=alias(), robust=robust)
+
+
+def _in_transaction(conn: BaseDatabaseWrapper) -> bool:
+    """Whether ``conn`` has a transaction open (an atomic block, or autocommit turned off)."""
+    return conn.in_atomic_block or (conn.connection is not None and not conn.autocommit)
+
+
+def foreign_transaction() -> str | None:
+    """The alias of another database with a transaction open here, if the engine's has none.
+
+    A write of the engine's made then would commit at once, outside that
+    transaction: the caller would have a transaction the engine's writes are
+    not part of. Reads only this thread's connection state (no SQL), and
+    only connections this thread has opened: another cannot be in a
+    transaction.
+    """
+    if len(connections.settings) == 1:
+        return None  # one database: every transaction is the engine's (asked on every append)
+    own = engine()
+    if _in_transaction(own):
+        return None
+    for conn in connections.all(initialized_only=True):
+        if conn.alias != own.alias and _in_transaction(conn):
+            return str(conn.alias)
+    return None
 
 
 def set_rollback(rollback: bool) -> None:
@@ -639,6 +664,32 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
     with engine().cursor() as cursor:
         cursor.execute(statement(("due_backlog",), build), [now, cap])
         return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+
+
+#: The database's clock, as Django's ``Now()`` reads it (the statement's
+#: instant on PostgreSQL, not the transaction's), in UTC.
+_NOW_SQL = {
+    "postgresql": "SELECT STATEMENT_TIMESTAMP()",
+    "sqlite": "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'now')",
+}
+
+
+def database_now() -> datetime:
+    """The engine's database's clock now: the one clock of instants other processes wrote.
+
+    Workers write their heartbeats with ``Now()`` (this clock), and their
+    age is judged on it too, so no process's own clock, however far it is
+    off, makes a dead worker look alive or a live one dead.
+    """
+    conn = engine()
+    with conn.cursor() as cursor:
+        cursor.execute(_NOW_SQL.get(conn.vendor, "SELECT CURRENT_TIMESTAMP"))
+        (value,) = cursor.fetchone()
+    if isinstance(value, str):  # SQLite: UTC as text
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 def connection_broken() -> bool:

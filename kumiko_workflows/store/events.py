@@ -31,7 +31,12 @@ from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
+from kumiko_workflows.exceptions import (
+    CrossDatabaseTransaction,
+    InvalidEvent,
+    StreamIdentityError,
+    VersionConflict,
+)
 from kumiko_workflows.models import Event
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
@@ -208,6 +213,31 @@ def _json_object(value: Any, what: str) -> tuple[dict[str, Any], str]:
     return clean, text
 
 
+def joins_callers_transaction(operation: str) -> None:
+    """Refuse (:class:`CrossDatabaseTransaction`) to write outside the caller's transaction.
+
+    Called first by each operation a site calls to write to the engine's
+    tables (``operation`` names it in the error), before any SQL: if the
+    caller is in a transaction on another database alias and the engine's
+    alias has none, the engine's writes would commit at once, outside it,
+    even when it rolls back. Nothing is written, and the caller's
+    transaction stays usable.
+    """
+    other = db_statements.foreign_transaction()
+    if other is None:
+        return
+    own = db_statements.alias()
+    raise CrossDatabaseTransaction(
+        f"{operation}() was called inside a transaction on database {other!r}, but the "
+        f"engine's tables are on {own!r} (KUMIKO_WORKFLOWS['DATABASE']), where no transaction "
+        f"is open: its writes (events, the runs they start, their signals) would commit at "
+        f"once, even if the transaction on {other!r} rolls back. Nothing was written. Open "
+        f"transaction.atomic(using={own!r}) around your transaction on {other!r} (the "
+        f"engine's writes then commit or roll back with it, just after yours), or make the "
+        f"call once {other!r} has committed"
+    )
+
+
 def append_event(
     aggregate_id: uuid.UUID | str | Model,
     aggregate_type: str,
@@ -239,6 +269,11 @@ def append_event(
     ``savepoint=False`` is for callers that run inside an atomic block they
     unwind on any error (the engine's own run streams): it saves the
     savepoint round trips, and a failing projection then dooms that block.
+
+    Inside a transaction on another database than the engine's
+    (``KUMIKO_WORKFLOWS["DATABASE"]``) with none open on the engine's, it
+    raises :class:`CrossDatabaseTransaction` and writes nothing: the
+    append would not be part of the caller's transaction.
     """
     event, texts = _prepared(
         aggregate_id,
@@ -252,6 +287,7 @@ def append_event(
         event_version,
         created_at,
     )
+    joins_callers_transaction("append_event")
     # The engine's right to write its streams covers this append only, not the
     # appends of the projections it sets off: a workflow triggered by a run
     # event runs its (user) steps there.
