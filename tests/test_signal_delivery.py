@@ -170,7 +170,11 @@ def test_a_raising_receiver_is_logged_once(completed, past, caplog):
             resume_due_runs()
     finally:
         signals.run_completed.disconnect(broken)
-    raised = [record for record in caplog.records if "ValueError" in record.getMessage()]
+    raised = [
+        record
+        for record in caplog.records
+        if record.exc_info and isinstance(record.exc_info[1], ValueError)
+    ]
     assert len(raised) == 1, [(r.name, r.getMessage()) for r in caplog.records]
     assert raised[0].name == "kumiko_workflows.signals" and "signal receiver" in raised[0].message
     assert len(completed) == 1, "the other receiver still heard it"
