@@ -197,7 +197,8 @@ def announce(event: Event, replaying: bool) -> None:
 
     Never on a replay. The common case, no receiver, costs one lookup; a
     listened-to transition costs one INSERT in its transaction and one
-    DELETE after the receivers ran.
+    DELETE after the receivers ran (which waits for no disk flush: see
+    :func:`~kumiko_workflows.store.db.delete_signal_delivery`).
     """
     if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE:
         return
@@ -207,7 +208,7 @@ def announce(event: Event, replaying: bool) -> None:
     sender = sender_of(event)
     if not signal.has_listeners(sender):
         return
-    SignalDelivery.objects.create(event_id=event.id, tenant_id=event.tenant_id, owner=owner())
+    db.add_signal_delivery(event.id, event.tenant_id, owner())
     db.on_commit(lambda: _deliver(event, sender), robust=True)
 
 
@@ -239,7 +240,7 @@ def _deliver(event: Event, sender: Workflow | None) -> None:
                 type(exc).__name__,
                 exc_info=exc,
             )
-    db.write_rows(SignalDelivery, "DELETE", {}, {"event_id": event.id})
+    db.delete_signal_delivery(event.id)
 
 
 def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
@@ -274,7 +275,7 @@ def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
         event = events.get(pk)
         if event is None or event.type not in SIGNALS:
             logger.warning("the signal of event #%s is not delivered: the event is gone", pk)
-            db.write_rows(SignalDelivery, "DELETE", {}, {"event_id": pk})
+            db.delete_signal_delivery(pk)
             continue
         logger.info("delivering the signal of event #%s again (%s)", pk, event.type)
         _deliver(event, sender_of(event))
