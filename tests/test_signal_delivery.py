@@ -19,7 +19,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, signals, steps
@@ -189,19 +189,30 @@ def test_slow_receivers_do_not_stop_the_workers_heartbeat(past, monkeypatch):
     assert worker_module.HEARTBEAT_SECONDS < 6
     for _ in range(3):
         _due_run(past)
+    table = WorkerHeartbeat._meta.db_table
+    beats = [0]
+
+    def count_beats(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith(("UPDATE", "INSERT")) and table in sql:
+            beats[0] += 1
+        return execute(sql, params, many, context)
+
     seen = []
 
     def slow(sender, **kwargs):
-        seen.append(WorkerHeartbeat.objects.get().seen_at)
+        seen.append((beats[0], WorkerHeartbeat.objects.get().seen_at))
         clock[0] += 6.0
 
     signals.run_completed.connect(slow, weak=False, dispatch_uid="test-slow")
     try:
-        result = Worker(cron=False).run_single_pass()
+        with connection.execute_wrapper(count_beats):
+            result = Worker(cron=False).run_single_pass()
     finally:
         signals.run_completed.disconnect(dispatch_uid="test-slow")
     assert result.report.completed == 3 and len(seen) == 3
-    assert seen[0] < seen[1] < seen[2], seen
+    # The pass's own beat, then one before each receiver after a slow one.
+    assert [count for count, _ in seen] == [1, 2, 3], seen
+    assert seen[0][1] <= seen[1][1] <= seen[2][1]
 
 
 # --- the sender is the run's own version ------------------------------------------------
