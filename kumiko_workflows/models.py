@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from kumiko_workflows.exceptions import AppendOnlyError
@@ -436,3 +437,33 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.name} (seen {self.seen_at.isoformat()})"
+
+
+class SignalDelivery(models.Model):
+    """A run signal not yet handed to every receiver: the signals' outbox.
+
+    Written with the transition's run event, in its transaction, when a
+    receiver listens; deleted once the receivers were called after commit.
+    A row left behind (its process died) is delivered again by a resume
+    worker's pass. Not workflow state: not an event, not projected, never
+    rebuilt.
+    """
+
+    event_id = models.BigIntegerField(
+        primary_key=True,
+        help_text="The run event whose signal it is; receivers get it as delivery_id.",
+    )
+    tenant_id = models.CharField(max_length=100)
+    owner = models.CharField(
+        max_length=300, help_text="host:pid:token of the process delivering it"
+    )
+    leased_at = models.DateTimeField(
+        db_default=Now(), help_text="When its owner took it (the database's clock)."
+    )
+
+    class Meta:
+        verbose_name = "signal delivery"
+        verbose_name_plural = "signal deliveries"
+
+    def __str__(self) -> str:
+        return f"signal of event #{self.event_id} (owner {self.owner})"

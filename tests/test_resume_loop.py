@@ -26,6 +26,7 @@ def test_due_wait_resumes_to_completion_and_pending_row_goes(past):
     # The completion keeps the run's final step results.
     assert run_events(run_id)[3].payload == {
         "workflow_name": "t-wait",
+        "workflow_version": 1,
         "step_count": 3,
         "state": {
             "results": {

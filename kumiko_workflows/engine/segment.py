@@ -389,6 +389,8 @@ def _complete(workflow: Workflow, stream: RunStream, ctx: RunContext) -> None:
     """
     payload = {
         "workflow_name": workflow.name,
+        # Names the run's version for its signal's sender without a lookup.
+        "workflow_version": workflow.version,
         "step_count": len(workflow.steps),
         "state": ctx.snapshot(),
     }

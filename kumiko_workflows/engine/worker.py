@@ -41,6 +41,7 @@ from django.utils import timezone
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.engine import transitions
 from kumiko_workflows.engine.cron import fire_due_schedules
 from kumiko_workflows.engine.rehearsal import Rehearsal, rehearse
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
@@ -65,6 +66,8 @@ class PassResult:
     report: ResumeReport
     fired: int = 0
     cron_errors: int = 0
+    #: Signals left over by a process that died, delivered again by this pass.
+    redelivered: int = 0
     started_at: datetime = field(default_factory=timezone.now)
 
     @property
@@ -75,7 +78,9 @@ class PassResult:
     def idle(self) -> bool:
         """Nothing happened that this worker did: no run resumed or failed, no error, no slot."""
         report = self.report
-        return not (report.resumed or report.failed or self.errors or self.fired)
+        return not (
+            report.resumed or report.failed or self.errors or self.fired or self.redelivered
+        )
 
     def __str__(self) -> str:
         return f"{self.report} fired={self.fired}"
@@ -197,7 +202,8 @@ class Listener:
 class Heartbeat:
     """The worker's row of :class:`~kumiko_workflows.models.WorkerHeartbeat`.
 
-    Written at the start of a pass, at most every :data:`HEARTBEAT_SECONDS`:
+    Written at the start of a pass and between signal deliveries (see
+    :meth:`Worker._beat`), at most every :data:`HEARTBEAT_SECONDS`:
     one UPDATE of the worker's own row (an INSERT the first time). Its
     instants are the database's clock (``Now()`` in the statement), neither
     the engine's (a test's virtual time) nor this process's: they are
@@ -340,7 +346,7 @@ class Worker:
 
     def run_single_pass(self, now: datetime | None = None) -> PassResult:
         """One pass as a worker of its own: on SQLite, refused while another one runs."""
-        with exclusive():
+        with exclusive(), transitions.paced(self._beat):
             return self.run_once(now)
 
     def rehearse(self, now: datetime | None = None) -> Rehearsal[PassResult]:
@@ -349,9 +355,17 @@ class Worker:
             return rehearse(lambda: self.run_once(now))
 
     def run_once(self, now: datetime | None = None) -> PassResult:
-        if self.heartbeat is not None:
-            self.heartbeat.beat()
+        self._beat()
         fired = cron_errors = 0
+        # Signals a dead process committed but did not deliver, before new work.
+        redelivered = 0
+        try:
+            redelivered = transitions.deliver_leftovers()
+        except Exception:
+            if db.connection_broken():
+                raise
+            # Not migrated yet, or a bug: resuming goes on all the same.
+            logger.exception("left-over signals could not be delivered")
         if self.cron:
 
             try:
@@ -383,7 +397,7 @@ class Worker:
         self.passes += 1
         self.errors += report.errors
         self.errors += cron_errors
-        result = PassResult(report, fired, cron_errors)
+        result = PassResult(report, fired, cron_errors, redelivered)
         telemetry.worker_pass(report.errors, cron_errors)
         self.on_pass(result)
         return result
@@ -392,7 +406,7 @@ class Worker:
 
     def run_forever(self) -> None:
         """Run passes until signalled (or ``max_runs``); refused on SQLite while another runs."""
-        with exclusive():
+        with exclusive(), transitions.paced(self._beat):
             self._loop()
 
     def _loop(self) -> None:
@@ -433,7 +447,7 @@ class Worker:
                 backoff = 1.0
                 if self.stopping or self._done():
                     break
-                if result.report.resumed or result.fired:
+                if result.report.resumed or result.fired or result.redelivered:
                     continue  # progress was made: more may be due right away
                 self._sleep(self._sleep_seconds(), listener)
         finally:
@@ -442,6 +456,12 @@ class Worker:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             self._restore_signals()
+
+    def _beat(self) -> None:
+        """A heartbeat at most every :data:`HEARTBEAT_SECONDS`: at each pass, and between
+        signal deliveries (so slow receivers never make a live worker look dead)."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
 
     def _done(self) -> bool:
         return self.max_runs is not None and self.handled >= self.max_runs

@@ -29,6 +29,7 @@ from kumiko_workflows.event_types import RUN_AGGREGATE_TYPE
 from kumiko_workflows.models import (
     Event,
     PurgedRun,
+    SignalDelivery,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
@@ -739,3 +740,48 @@ def delete_run_streams(tenant_id: str, run_ids: Sequence[Any]) -> int:
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+# --- the run signals' outbox (engine/transitions) ----------------------------
+
+
+def add_signal_delivery(event_id: int, tenant_id: str, owner: str) -> None:
+    """Write the delivery row of a run event's signal, in the caller's transaction.
+
+    ``leased_at`` is the column's default: the database's clock.
+    """
+
+    def build() -> str:
+        ops = engine().ops
+        return (
+            f"INSERT INTO {ops.quote_name(SignalDelivery._meta.db_table)} "  # noqa: S608
+            f"({ops.quote_name('event_id')}, {ops.quote_name('tenant_id')}, "
+            f"{ops.quote_name('owner')}) VALUES (%s, %s, %s)"
+        )
+
+    with hot_cursor() as cursor:
+        cursor.execute(statement(("add_signal_delivery",), build), [event_id, tenant_id, owner])
+
+
+def delete_signal_delivery(event_id: int) -> None:
+    """Delete a delivery row once its receivers ran (after the commit, in autocommit).
+
+    On PostgreSQL its commit does not wait for the WAL to reach the disk
+    (``synchronous_commit`` off for this one transaction): a delete lost in
+    a server crash only delivers the signal again, which the promise (at
+    least once) allows, and each delivered signal saves a disk flush.
+    """
+    conn = engine()
+
+    def build() -> str:
+        sql = (
+            f"DELETE FROM {conn.ops.quote_name(SignalDelivery._meta.db_table)} "  # noqa: S608
+            f"WHERE {conn.ops.quote_name('event_id')} = %s"
+        )
+        if conn.vendor != "postgresql":
+            return sql
+        relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+        return f"{relax}{sql} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
+
+    with hot_cursor() as cursor:
+        cursor.execute(statement(("delete_signal_delivery",), build), [event_id])
