@@ -367,7 +367,6 @@ class Worker:
             # Not migrated yet, or a bug: resuming goes on all the same.
             logger.exception("left-over signals could not be delivered")
         if self.cron:
-
             try:
                 fired = fire_due_schedules(now=now)
             except CONNECTION_ERRORS:
