@@ -146,16 +146,23 @@ def wait_paths(tenant_id: str, event_type: str) -> list[str]:
     """The distinct payload paths waits of the tenant use for ``event_type``.
 
     A loose index scan over ``kw_waitkey_lookup``: one index probe per
-    distinct path, however many runs wait.
+    distinct path, however many runs wait. Each probe is spelled as the
+    ordered ``LIMIT 1`` it is, not ``MIN(path)``: on a table never analysed
+    PostgreSQL plans ``MIN`` as an aggregate over every key of the event
+    type (design rule 12).
     """
     table = engine().ops.quote_name(WorkflowWaitKey._meta.db_table)
     sql = f"""
         WITH RECURSIVE paths(path) AS (
-            SELECT MIN(path) FROM {table} WHERE tenant_id = %s AND event_type = %s
+            SELECT (
+                SELECT k.path FROM {table} k WHERE k.tenant_id = %s AND k.event_type = %s
+                ORDER BY k.path LIMIT 1
+            )
             UNION ALL
             SELECT (
-                SELECT MIN(k.path) FROM {table} k
+                SELECT k.path FROM {table} k
                 WHERE k.tenant_id = %s AND k.event_type = %s AND k.path > p.path
+                ORDER BY k.path LIMIT 1
             )
             FROM paths p WHERE p.path IS NOT NULL
         )
@@ -165,6 +172,68 @@ def wait_paths(tenant_id: str, event_type: str) -> list[str]:
     with engine().cursor() as cursor:
         cursor.execute(sql, params)
         return [path for (path,) in cursor.fetchall()]
+
+
+def keyed_events(
+    tenant_id: str,
+    event_type: str,
+    after_id: int,
+    offers: Sequence[Any],
+    *,
+    until: datetime | None,
+    taken: Sequence[int],
+    engine_types: Sequence[str],
+) -> Iterator[Event]:
+    """Domain events of the tenant after ``after_id`` whose payload contains one of ``offers``.
+
+    The keyed look-back (PostgreSQL): the candidates come from the payload's
+    GIN index (``kw_event_payload_gin``, whose predicate ``engine_types``
+    repeats) alone, in a ``MATERIALIZED`` query of their own, and only then
+    are they narrowed to the tenant, the type, the range and the excluded
+    ids, and ordered. A planner without statistics (a table never analysed)
+    takes any btree condition it is offered beside the containment, as the
+    driving index (``kw_event_tenant_type_id``: every event of the type
+    since ``after_id``) or ANDed to the GIN's bitmap (every event of the
+    tenant), however few events contain the keys (design rule 12). So the
+    tenant is checked on the candidates, not in the index: a key value many
+    tenants' payloads share costs those candidates too (not a single-shard
+    statement on Citus). Yields them in id order.
+    """
+    conn = engine()
+    ops = conn.ops
+    shape = (len(offers), until is not None, len(taken), len(engine_types))
+
+    def build() -> str:
+        table = ops.quote_name(Event._meta.db_table)
+        columns = ", ".join(ops.quote_name(str(f.column)) for f in Event._meta.concrete_fields)
+        contains = " OR ".join(["payload @> %s::jsonb"] * len(offers))
+        excluded = ", ".join(["%s"] * len(engine_types))
+        narrowed = "tenant_id = %s AND type = %s AND id > %s"
+        if until is not None:
+            narrowed += " AND created_at <= %s"
+        if taken:
+            narrowed += f" AND id NOT IN ({', '.join(['%s'] * len(taken))})"
+        return (
+            f"WITH candidates AS MATERIALIZED (SELECT {columns} FROM {table} "  # noqa: S608
+            f"WHERE ({contains}) AND aggregate_type NOT IN ({excluded})) "
+            f"SELECT {columns} FROM candidates WHERE {narrowed} ORDER BY id"
+        )
+
+    field = Event._meta.get_field("payload")
+    params: list[Any] = [
+        *(field.get_db_prep_value(offer, conn) for offer in offers),
+        *engine_types,
+        tenant_id,
+        event_type,
+        after_id,
+        *([until] if until is not None else []),
+        *taken,
+    ]
+    with conn.cursor() as cursor:
+        cursor.execute(statement(("keyed_events", shape), build), params)
+        while rows := cursor.fetchmany(200):
+            for row in rows:
+                yield _instance_of(Event, row)
 
 
 _SQL: dict[tuple[Any, ...], str] = {}
@@ -261,8 +330,10 @@ def claim_due(
         if found is not None and not chained:
             delete = statement(
                 ("claim_due_delete",),
-                lambda: f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
-                "WHERE id = %s",
+                lambda: (
+                    f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
+                    "WHERE id = %s"
+                ),
             )
             cursor.execute(delete, [found[0]])
     if found is None:
@@ -283,8 +354,10 @@ def _take_write_lock(cursor: CursorWrapper) -> None:
     cursor.execute(
         statement(
             ("write_lock",),
-            lambda: f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
-            "WHERE id = -1",
+            lambda: (
+                f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
+                "WHERE id = -1"
+            ),
         )
     )
 
