@@ -12,6 +12,7 @@ Capability flags stand for the databases' differences, so engine code asks
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,6 +39,8 @@ try:
     import psycopg
 except ImportError:  # a site on SQLite need not have it
     psycopg = None  # type: ignore[assignment]
+
+logger = logging.getLogger("kumiko_workflows.db")
 
 _alias: str | None = None
 
@@ -556,6 +559,20 @@ class _PreparingCursor(_DriverCursor):
     prepare): the first of these cursors on such a connection sets it to a
     count no statement reaches, so that still only what these cursors ask
     for is prepared.
+
+    A pooler that does not keep prepared statements with their session
+    (PgBouncer before 1.21 in transaction mode) shows itself by refusing
+    one: "prepared statement "_pg3_0" already exists" (another client's, on
+    the server connection this transaction got) or "... does not exist"
+    (ours is on another). The first such refusal on a connection turns
+    preparing off on it for good, with one warning per process naming the
+    setting; the statement is then sent again unprepared where nothing was
+    lost, that is, outside a transaction block. Inside one, the refused
+    statement has aborted the transaction, which only a savepoint taken
+    before it could have saved, and one before every prepared run would
+    cost every site a subtransaction per statement: the error propagates,
+    and :func:`lost_prepared_statement` tells it apart, for the engine's
+    appends to run again at their own savepoint.
     """
 
     def __init__(self, connection: Any) -> None:
@@ -563,6 +580,7 @@ class _PreparingCursor(_DriverCursor):
             connection.prepare_threshold = _NEVER
         super().__init__(connection)
         self._seen: set[Any] = set()
+        self.preparing = True
 
     def execute(
         self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
@@ -570,9 +588,53 @@ class _PreparingCursor(_DriverCursor):
         seen = query in self._seen
         if not seen:
             self._seen.add(query)
-        if prepare is None:
+        if not self.preparing:
+            prepare = False
+        elif prepare is None:
             prepare = seen
-        return super().execute(query, params, prepare=prepare, **kwargs)
+        if not prepare:
+            return super().execute(query, params, prepare=prepare, **kwargs)
+        try:
+            return super().execute(query, params, prepare=True, **kwargs)
+        except _POOLER_REFUSALS as exc:
+            self._stop_preparing(exc)
+            if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                raise
+        return super().execute(query, params, prepare=False, **kwargs)
+
+    def _stop_preparing(self, exc: Exception) -> None:
+        global _warned_about_pooler
+        self.preparing = False
+        if not _warned_about_pooler:
+            _warned_about_pooler = True
+            logger.warning(
+                "the database refused a prepared statement (%s): a pooler in transaction "
+                "mode? Nothing more is prepared on this connection; set "
+                "KUMIKO_WORKFLOWS['PREPARED_STATEMENTS'] = False (or DATABASES "
+                "DISABLE_SERVER_SIDE_CURSORS = True) for such a pooler",
+                str(exc).strip(),
+            )
+
+
+#: What a pooler that loses prepared statements makes the server say (see
+#: :class:`_PreparingCursor`).
+_POOLER_REFUSALS: tuple[type[Exception], ...] = (
+    ()
+    if psycopg is None
+    else (psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)
+)
+
+#: Whether this process has said once that a pooler refused a prepared statement.
+_warned_about_pooler = False
+
+
+def lost_prepared_statement(exc: BaseException) -> bool:
+    """Whether ``exc`` (as Django raised it) is a pooler's refusal of a prepared statement.
+
+    The connection prepares nothing more (:class:`_PreparingCursor`), so
+    the work whose transaction (or savepoint) it aborted can run again.
+    """
+    return isinstance(exc, _POOLER_REFUSALS) or isinstance(exc.__cause__, _POOLER_REFUSALS)
 
 
 #: A prepare threshold no statement reaches (see :class:`_PreparingCursor`).
