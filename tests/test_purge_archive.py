@@ -110,6 +110,10 @@ def test_only_the_archives_last_member_is_read_before_appending(finished, tmp_pa
     torn = _private(tmp_path / "torn.jsonl.gz", first + big + gzip.compress(b"{}\n")[:12])
     with pytest.raises(ArchiveError, match=f"truncate -s {len(first) + len(big)} "):
         purge_runs("PT0S", archive=torn)
+    # And a file whose only member is torn keeps nothing.
+    _private(torn, gzip.compress(b"{}\n")[:12])
+    with pytest.raises(ArchiveError, match="truncate -s 0 "):
+        purge_runs("PT0S", archive=torn)
 
 
 def test_a_large_archive_of_many_members_is_appended_to(finished, tmp_path):

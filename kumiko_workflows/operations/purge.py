@@ -165,11 +165,9 @@ _TAIL_WINDOW = 1 << 16
 
 
 def _member_from(handle: BinaryIO, position: int) -> int | None:
-    """Where the gzip member starting at ``position`` ends, or None if none ends before EOF.
-
-    None too if the bytes there are no gzip member at all (a header's bytes
-    found inside compressed data).
-    """
+    """Where the gzip member starting at ``position`` ends: None if it is no gzip member
+    (a header's bytes inside compressed data), -1 if it is still whole at the end of the
+    file but does not end there (torn)."""
     member = zlib.decompressobj(wbits=31)
     handle.seek(position)
     offset = position
@@ -181,7 +179,7 @@ def _member_from(handle: BinaryIO, position: int) -> int | None:
             offset += len(chunk)
     except zlib.error:
         return None
-    return None
+    return -1
 
 
 def _complete_length(handle: BinaryIO) -> tuple[int, bool]:
@@ -205,6 +203,7 @@ def _complete_length(handle: BinaryIO) -> tuple[int, bool]:
         raise zlib.error("not a gzip file")
     window = _TAIL_WINDOW
     searched = size  # candidates at or after this were tried
+    torn_from_start = False
     while True:
         start = max(0, size - window)
         handle.seek(start)
@@ -218,9 +217,12 @@ def _complete_length(handle: BinaryIO) -> tuple[int, bool]:
             end = _member_from(handle, position)
             if end == size:
                 return size, True
-            if end is not None:
+            if end is not None and end >= 0:
                 return end, False
+            torn_from_start = position == 0 and end is not None
         if start == 0:
+            if torn_from_start:  # one member, torn: none of it is complete
+                return 0, False
             raise zlib.error("no complete gzip member")
         searched = start
         window *= 2
@@ -296,7 +298,8 @@ class Archive:
             raise ArchiveError(f"the archive {self.path} {problem}")
         if created:
             _fsync_directory(self.path.parent)
-        return os.fdopen(descriptor, "ab+")
+        # Unbuffered: a write that failed must leave nothing behind to flush later.
+        return os.fdopen(descriptor, "rb+", buffering=0)
 
     def write(self, lines: Sequence[bytes]) -> None:
         """Append ``lines`` as one gzip member and flush it to disk (fsync)."""
@@ -306,8 +309,9 @@ class Archive:
         self._file.seek(0, os.SEEK_END)
         start = self._file.tell()
         try:
-            self._file.write(member)
-            self._file.flush()
+            written = memoryview(member)
+            while written:
+                written = written[self._file.write(written) or 0 :]
             os.fsync(self._file.fileno())
         except BaseException as exc:
             # The batch rolls back: leave no half member behind it.
@@ -322,8 +326,7 @@ class Archive:
         self.events += len(lines)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):  # a buffer it could not flush: write() said so
-            self._file.close()
+        self._file.close()
 
 
 def _not_private_file(status: os.stat_result) -> str:
