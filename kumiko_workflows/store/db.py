@@ -333,10 +333,8 @@ def claim_due(
         if found is not None and not chained:
             delete = statement(
                 ("claim_due_delete",),
-                lambda: (
-                    f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
-                    "WHERE id = %s"
-                ),
+                lambda: f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
+                "WHERE id = %s",
             )
             cursor.execute(delete, [found[0]])
     if found is None:
@@ -357,10 +355,8 @@ def _take_write_lock(cursor: CursorWrapper) -> None:
     cursor.execute(
         statement(
             ("write_lock",),
-            lambda: (
-                f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
-                "WHERE id = -1"
-            ),
+            lambda: f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
+            "WHERE id = -1",
         )
     )
 
