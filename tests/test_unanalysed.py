@@ -5,7 +5,8 @@ bulk load have no statistics either. The awaited append's wake-up lookup,
 the worker's claim and the look-back must then cost what they cost after
 ``ANALYZE``. Each test works in a freshly migrated database of its own
 (the bench's scratch database), where no table was ever analysed, with
-10,000 runs waiting, bulk-inserted as copies of one real run's rows.
+10,000 runs waiting (and 800, where the old wake-up join went quadratic),
+bulk-inserted as copies of one real run's rows.
 
 No timing is asserted: the work is counted as the tuples the statements
 read from the engine's tables and indexes in the measuring transaction
