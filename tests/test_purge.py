@@ -465,6 +465,7 @@ def test_an_archive_ending_in_a_torn_member_is_refused_before_anything_changes(w
     path = tmp_path / "purged.jsonl.gz"
     whole = gzip.compress(b'{"id": 1}\n')
     path.write_bytes(whole + gzip.compress(b'{"id": 2}\n')[:15])
+    path.chmod(0o600)  # (a wider file is refused for that first)
     before = counts()
 
     with pytest.raises(ArchiveError, match=f"truncate -s {len(whole)} "):

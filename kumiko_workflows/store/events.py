@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, cast
 
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Max, Model, Subquery
@@ -411,17 +412,42 @@ def _insert(
     projected = registry.handles(event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
+    # A block with a savepoint of its own (or a transaction) can run again
+    # once a pooler's refusal of a prepared statement rolled it back: the
+    # connection prepares nothing from then on (store.db._PreparingCursor).
+    again = projected and (savepoint or not db.in_atomic_block)
     for _ in range(attempts):
-        block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
-        with block:
-            rows = db_statements.run_insert(sql, params, db)
-            if rows:
-                _saved(db, event, rows[0], projected)
-                return
+        try:
+            written = _write(db, event, sql, params, projected, savepoint)
+        except DatabaseError as exc:
+            if not (again and db_statements.lost_prepared_statement(exc)):
+                raise
+            again = False
+            written = _write(db, event, sql, params, projected, savepoint)
+        if written:
+            return
         refusal = _refusal(event, expected_version)
         if refusal is not None:
             raise refusal  # another writer cannot make this go away: no retry
     raise _version_conflict(event, expected_version)
+
+
+def _write(
+    db: BaseDatabaseWrapper,
+    event: Event,
+    sql: str,
+    params: list[Any],
+    projected: bool,
+    savepoint: bool,
+) -> bool:
+    """Run the insert (and the projections, in one atomic block); whether a row was written."""
+    block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
+    with block:
+        rows = db_statements.run_insert(sql, params, db)
+        if rows:
+            _saved(db, event, rows[0], projected)
+            return True
+    return False
 
 
 def _row_values(db: BaseDatabaseWrapper, event: Event, json_texts: tuple[str, str]) -> list[Any]:
