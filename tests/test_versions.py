@@ -28,12 +28,13 @@ from kumiko_workflows import (
     steps,
 )
 from kumiko_workflows import event_types as et
+from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.management.commands.workflow_status import status_report
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
 from kumiko_workflows.operations.rebuild import check
 from kumiko_workflows.operations.versions import version_table
 from kumiko_workflows.store.events import engine_stream
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.definition import MAX_VERSION, registry
 from tests.conftest import run_events, trigger, types_of
 from tests.testapp import workflows as w
 
@@ -261,6 +262,26 @@ def test_a_run_started_before_versions_were_recorded_resumes_on_its_fingerprints
     assert run_of(legacy).workflow_version == 1
     assert WorkflowRunPending.objects.get(run_id=legacy).workflow_version == 1
     assert recorded_now == {(1, False, 2, 2), (2, True, 0, 0)}
+    assert check().differences == []
+
+
+@pytest.mark.parametrize("version", [2**31, 2**63, 10**100, -1, 2.0, "2", None])
+def test_a_version_the_columns_cannot_hold_is_refused_at_definition(version):
+    with pytest.raises(WorkflowDefinitionError) as refused:
+        version_1(version=version)
+
+    assert str(refused.value) == (
+        f"workflow {NAME!r}: version must be an integer from 1 to 2147483647, got {version!r}"
+    )
+
+
+def test_the_highest_version_starts_resumes_and_finishes_its_runs_on_this_database(now, future):
+    with registry.override(version_1(version=MAX_VERSION)):
+        event, run_id = start(**{"for": future})
+        assert run_of(run_id).workflow_version == MAX_VERSION
+        drain(now, 2, 3)
+
+    assert (run_of(run_id).status, recorded(event)) == ("completed", ["before", "after"])
     assert check().differences == []
 
 
