@@ -31,6 +31,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.management.commands.workflow_status import status_report
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
+from kumiko_workflows.operations.explain import timeline
 from kumiko_workflows.operations.rebuild import check
 from kumiko_workflows.operations.versions import version_table
 from kumiko_workflows.store.events import engine_stream
@@ -262,6 +263,70 @@ def test_a_run_started_before_versions_were_recorded_resumes_on_its_fingerprints
     assert run_of(legacy).workflow_version == 1
     assert WorkflowRunPending.objects.get(run_id=legacy).workflow_version == 1
     assert recorded_now == {(1, False, 2, 2), (2, True, 0, 0)}
+    assert check().differences == []
+
+
+def paying(version):
+    """Waits up to three days for its payment, then records whether it came."""
+    return define_workflow(
+        name="t-versioned-pay",
+        trigger=on_event("t.versioned-pay"),
+        idempotency_key=w.run_key,
+        awaits={"paid": "t.versioned-paid"},
+        version=version,
+        steps=[
+            steps.wait_for_event("paid", match=w.user_match, timeout="P3D"),
+            steps.compute("after", w.record("after")),
+        ],
+        register=False,
+    )
+
+
+def test_declaring_v1_again_and_rerunning_resumes_its_wait_with_its_deadline(now):
+    """The documented recovery: a wait already over resumes at once, not a second hour."""
+    with registry.override(version_1()):
+        event, run_id = start()  # waits PT1H at step 1
+    wait = WorkflowRunPending.objects.get(run_id=run_id)
+    with registry.override(version_2()):  # the deploy that removed v1 too early
+        drain(now, 2)
+    assert run_of(run_id).failure_reason == "workflow_definition_changed"
+
+    with registry.override(version_1(), version_2()):  # v1 declared again
+        assert rerun_run(run_id, by="ops")
+        row = WorkflowRunPending.objects.get(run_id=run_id)
+        assert (row.suspension_type, row.step, row.wake_at) == ("wait", "1", wait.wake_at)
+        assert run_of(run_id).wake_at == wait.wake_at
+        said = [entry.summary for entry in timeline(run_of(run_id))][-1]
+        assert said.startswith("resumes its wait as it was, until ")
+        drain(now, 2)  # the same instant: the hour is over
+
+    assert recorded(event) == ["before", "after"]
+    assert types_of(run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.WAITING]
+    assert WorkflowRunPending.objects.get(run_id=run_id).step == "3"  # the second wait
+    assert check().differences == []
+
+
+def test_declaring_v1_again_and_rerunning_keeps_a_timed_out_payment_window(now):
+    """A 3-day wait_for_event that timed out resumes timed out: the window stays 3 days."""
+    with registry.override(paying(1)):
+        event = trigger("t.versioned-pay", user_id="u1")
+        run_id = run_id_for("t-versioned-pay", event.payload["run_key"])
+    wait = WorkflowRunPending.objects.get(run_id=run_id)
+    past_deadline = now + timedelta(days=3, hours=1)
+    with registry.override(paying(2)):
+        resume_due_runs(now=past_deadline)
+    assert run_of(run_id).failure_reason == "workflow_definition_changed"
+
+    with registry.override(paying(1), paying(2)):
+        assert rerun_run(run_id)
+        row = WorkflowRunPending.objects.get(run_id=run_id)
+        assert (row.timeout_at, row.match_expr) == (wait.timeout_at, wait.match_expr)
+        assert WorkflowWaitKey.objects.filter(run_id=run_id).exists()  # still addressable
+        resume_due_runs(now=past_deadline)
+
+    assert run_of(run_id).status == "completed"
+    after = Event.objects.get(aggregate_id=event.aggregate_id, type="t.recorded")
+    assert after.payload["steps"] == {"paid": None}  # timed out, as it had
     assert check().differences == []
 
 
