@@ -540,6 +540,31 @@ def test_a_refused_migration_changes_nothing(now, future, declared, args, refusa
     assert check().differences == []
 
 
+def test_a_run_queued_to_start_moves_to_the_first_step_and_blocks_no_other(now):
+    with registry.override(version_1(start="worker")):
+        waiting = [start()[1] for _ in range(3)]
+        drain(now, 0.1)  # they start in the worker and wait at step 1
+        queued_event, queued = start()  # queued, not started yet
+    assert {WorkflowRunPending.objects.get(run_id=r).step for r in waiting} == {"1"}
+    assert WorkflowRunPending.objects.get(run_id=queued).suspension_type == "queued"
+
+    # The mapping does not name step 0 (nor could a wait step resume a queued start).
+    with registry.override(version_2(migrates_from={1: {"1": "1"}})):
+        report = migrate_workflow_runs(NAME, 1, 2, dry_run=True)
+        out, _ = command("migrate_workflow_runs", NAME, "--from", "1", "--to", "2")
+        drain(now, 2, 3, 4)
+
+    assert (report.moved, report.queued, dict(report.steps)) == (4, 1, {("1", "1"): 3})
+    assert "  step 1 -> step 1: 3 run(s)" in out
+    assert "  queued to start -> step 0 of version 2: 1 run(s)" in out
+    assert "moved 4 waiting run(s) from version 1 to version 2" in out
+    # It started on version 2 from its first step: v2's added step ran.
+    assert recorded(queued_event) == ["before", "check", "after"]
+    for run_id in (*waiting, queued):
+        assert (run_of(run_id).status, run_of(run_id).workflow_version) == ("completed", 2)
+    assert check().differences == []
+
+
 def test_a_dry_run_counts_and_moves_nothing(future):
     with registry.override(version_1()):
         start(**{"for": future})
