@@ -336,6 +336,11 @@ BAD_INPUT = {
         "finished until now, give PT0S",
     ),
     "naive instant": (["--finished-before", "2020-01-01T00:00:00"], "has no UTC offset"),
+    "instant before the year 1 in UTC": (
+        ["--finished-before", "0001-01-01T00:00:00+14:00"],
+        "--finished-before 0001-01-01T00:00:00+14:00 is out of range: it falls outside the "
+        "years 1-9999 in UTC",
+    ),
     "batch too big": (["--finished-before", "P1D", "--batch", "10001"], "from 1 to 10000"),
     "batch zero": (["--finished-before", "P1D", "--batch", "0"], "must be at least 1"),
     "run id": (["--finished-before", "P1D", "--run", "nope"], "'nope' is not a run id"),

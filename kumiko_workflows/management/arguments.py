@@ -6,6 +6,8 @@ import math
 from argparse import ArgumentTypeError
 from datetime import datetime
 
+from kumiko_workflows.store.events import name_problem
+
 
 def positive_int(text: str) -> int:
     """A whole number >= 1."""
@@ -47,3 +49,11 @@ def seconds_or_off(text: str) -> float | None:
     if text.strip().lower() == "off":
         return None
     return positive_float(text)
+
+
+def tenant_id(text: str) -> str:
+    """A tenant id the event store accepts: 1-100 characters, no control character."""
+    problem = name_problem(text, "tenant_id")
+    if problem:
+        raise ArgumentTypeError(f"{text!r}: a tenant id {problem}")
+    return text

@@ -109,12 +109,18 @@ def parse_cutoff(value: Any, now: datetime | None = None) -> datetime:
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise InvalidArgument(f"{value.isoformat()} has no UTC offset; add Z or +01:00")
-        if value > moment:
+        try:
+            instant = value.astimezone(UTC)
+        except OverflowError:  # 0001-01-01T00:00:00+14:00 is before the year 1 in UTC
+            raise InvalidArgument(
+                f"{value.isoformat()} is out of range: it falls outside the years 1-9999 in UTC"
+            ) from None
+        if instant > moment:
             raise InvalidArgument(
                 f"{value.isoformat()} is in the future; to purge every run finished until now, "
                 "give PT0S"
             )
-        return value.astimezone(UTC)
+        return instant
     raise InvalidArgument(
         f"{_shown(value)} is not a cut-off: give an ISO 8601 duration (P30D) or instant, "
         "a timedelta or an aware datetime"

@@ -11,7 +11,12 @@ from django.db import DatabaseError, InterfaceError
 
 from kumiko_workflows.engine.worker import PassResult, Worker
 from kumiko_workflows.exceptions import WorkerAlreadyRunning
-from kumiko_workflows.management.arguments import aware_instant, positive_float, positive_int
+from kumiko_workflows.management.arguments import (
+    aware_instant,
+    positive_float,
+    positive_int,
+    tenant_id,
+)
 
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
@@ -27,6 +32,7 @@ class Command(BaseCommand):
             "--tenant",
             action="append",
             dest="tenants",
+            type=tenant_id,
             metavar="T",
             help="Only this tenant (repeat for several). Default: every tenant with due runs.",
         )
