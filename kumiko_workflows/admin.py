@@ -726,7 +726,12 @@ class WorkflowRunAdmin(WorkflowAdmin):
             buttons.append(("wake_now", "Wake now", note))
         if "rerun_failed" in allowed and explanation.rerunnable:
             buttons.append(
-                ("rerun_failed", "Rerun", "Runs again from where the failed attempt began.")
+                (
+                    "rerun_failed",
+                    "Rerun",
+                    "Runs again from where the failed attempt began, or resumes the wait it "
+                    "failed at with its deadline.",
+                )
             )
         if "cancel_runs" in allowed and run.status not in SETTLED_STATUSES:
             buttons.append(("cancel_runs", "Cancel…", "Asks for a reason first."))

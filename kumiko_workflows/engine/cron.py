@@ -37,6 +37,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import import_callable, workflow_settings
+from kumiko_workflows.engine.resume import check_by
 from kumiko_workflows.engine.segment import start_run
 from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionConflict
 from kumiko_workflows.models import Event, WorkflowRun
@@ -543,6 +544,8 @@ def _schedule(workflow_name: str, tenant_id: str | None) -> Schedule:
 def _set_paused(
     workflow_name: str, tenant_id: str | None, paused: bool, by: str, now: datetime | None
 ) -> bool:
+    check_by(by)
+    by = by or ""
     moment = _aware(now)
     joins_callers_transaction("pause_schedule" if paused else "resume_schedule")
     for _ in range(_ATTEMPTS):
@@ -576,7 +579,8 @@ def pause_schedule(
     Slots that pass while it is paused never fire, whatever its catch-up
     policy. Returns False if it was paused already. ``by`` says who, in the
     event. Raises :class:`InvalidArgument` for a name that is not a
-    registered cron workflow or a tenant not among ``CRON_TENANTS``.
+    registered cron workflow, a tenant not among ``CRON_TENANTS`` or a
+    ``by`` the event store would refuse (as ``cancel_run`` does).
     """
     return _set_paused(workflow_name, tenant_id, True, by, now)
 
@@ -609,6 +613,8 @@ def fire_schedule_now(
     ``workflow.schedule.fired-now`` event: its ``slot`` is the instant it
     fired, ``by`` who fired it.
     """
+    check_by(by)
+    by = by or ""
     moment = _aware(now)
     if key is not None and (
         not isinstance(key, str) or not 0 < len(key) <= 100 or text_problem(key, controls=False)

@@ -430,10 +430,11 @@ def fail_opened(
     *,
     state: dict[str, Any] | None,
     retry_from: str | None,
+    suspension: dict[str, Any] | None = None,
 ) -> Event:
     """Append ``opening``, then ``workflow.run-failed``: a segment failed before any step ran."""
     stream.append(*opening)
-    return fail_run(stream, failure, state=state, retry_from=retry_from)
+    return fail_run(stream, failure, state=state, retry_from=retry_from, suspension=suspension)
 
 
 # --- starting runs from trigger events --------------------------------------

@@ -175,7 +175,19 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
             return f"the awaited event #{get('awaited_event_id')} arrived"
         return "woken by hand: due now"
     if type == et.RERUN_REQUESTED:
-        return "runs again from where the failed attempt began"
+        kept = get("suspension")
+        if not isinstance(kept, dict):
+            return "runs again from where the failed attempt began"
+        kind = kept.get("suspension_type")
+        if kind == "event":
+            deadline = _instant(kept.get("timeout_at")) if kept.get("timeout_at") else "none"
+            return f"resumes its wait for the event as it was; deadline {deadline}"
+        if kind == "retry":
+            return (
+                f"resumes its retry backoff as it was: attempt "
+                f"{(kept.get('retry_attempt') or 0) + 1} at {_instant(kept.get('wake_at'))}"
+            )
+        return f"resumes its wait as it was, until {_instant(kept.get('wake_at'))}"
     return short_payload(payload, type=type)
 
 

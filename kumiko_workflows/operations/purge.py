@@ -57,7 +57,6 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.store import db
 from kumiko_workflows.store.events import name_problem
-from kumiko_workflows.workflow.definition import EventTrigger, registry
 from kumiko_workflows.workflow.durations import parse_duration
 
 logger = logging.getLogger("kumiko_workflows.purge")
@@ -113,12 +112,18 @@ def parse_cutoff(value: Any, now: datetime | None = None) -> datetime:
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise InvalidArgument(f"{value.isoformat()} has no UTC offset; add Z or +01:00")
-        if value > moment:
+        try:
+            instant = value.astimezone(UTC)
+        except OverflowError:  # 0001-01-01T00:00:00+14:00 is before the year 1 in UTC
+            raise InvalidArgument(
+                f"{value.isoformat()} is out of range: it falls outside the years 1-9999 in UTC"
+            ) from None
+        if instant > moment:
             raise InvalidArgument(
                 f"{value.isoformat()} is in the future; to purge every run finished until now, "
                 "give PT0S"
             )
-        return value.astimezone(UTC)
+        return instant
     raise InvalidArgument(
         f"{_shown(value)} is not a cut-off: give an ISO 8601 duration (P30D) or instant, "
         "a timedelta or an aware datetime"
@@ -604,9 +609,12 @@ def _count(filters: _Filters, report: PurgeReport) -> None:
         ).count()
         report.wait_keys += WorkflowWaitKey.objects.filter(tenant_id=tenant, run_id__in=ids).count()
         report.wake_checks += WakeCheck.objects.filter(tenant_id=tenant, run_id__in=ids).count()
-        names = runs.order_by().values_list("workflow_name", flat=True).distinct()
-        kept = [name for name in names if keeps_key(name)]
-        report.tombstones += runs.filter(workflow_name__in=kept).count()
+        versions = runs.order_by().values_list("workflow_name", "workflow_version").distinct()
+        for name, version in versions:
+            if keeps_key(name, version):
+                report.tombstones += runs.filter(
+                    workflow_name=name, workflow_version=version
+                ).count()
     report.total = report.runs
 
 
@@ -636,11 +644,12 @@ def _purge_tenant(
                 runs = runs.exclude(run_id__in=list(passed_over))
             # SKIP LOCKED: a run another transaction is changing (a retry) is
             # not waited for; the status is read again under the lock.
-            taken = dict(
-                runs.select_for_update(skip_locked=True)
+            taken = {
+                run_id: (name, version)
+                for run_id, name, version in runs.select_for_update(skip_locked=True)
                 .order_by()
-                .values_list("run_id", "workflow_name")[:batch_size]
-            )
+                .values_list("run_id", "workflow_name", "workflow_version")[:batch_size]
+            }
             if not taken:
                 return
             purged, kept = _purge_batch(tenant, taken, writer, report)
@@ -655,11 +664,11 @@ def _purge_tenant(
 
 def _purge_batch(
     tenant: str,
-    taken: dict[uuid.UUID, str],
+    taken: dict[uuid.UUID, tuple[str, int | None]],
     writer: Archive | None,
     report: PurgeReport,
 ) -> tuple[list[uuid.UUID], dict[uuid.UUID, str]]:
-    """Remove the runs ``taken`` (locked, finished).
+    """Remove the runs ``taken`` (locked, finished; with their workflow and version).
 
     Returns the runs removed, and those passed over instead with why.
     """
@@ -676,9 +685,9 @@ def _purge_batch(
     report.events += _delete_events(tenant, ids, writer)
     moment = timezone.now()
     tombstones = [
-        PurgedRun(tenant_id=tenant, run_id=run_id, workflow_name=taken[run_id], purged_at=moment)
+        PurgedRun(tenant_id=tenant, run_id=run_id, workflow_name=taken[run_id][0], purged_at=moment)
         for run_id in ids
-        if keeps_key(taken[run_id])
+        if keeps_key(*taken[run_id])
     ]
     PurgedRun.objects.bulk_create(tombstones, ignore_conflicts=True, batch_size=500)
     report.tombstones += len(tombstones)
@@ -711,32 +720,21 @@ def _still_triggering(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]
 
     A workflow triggered by a run event (say ``workflow.run-completed``)
     loads that event as ``ctx.event`` on every resume: purging it would fail
-    the run with ``trigger_event_unavailable``. Only asked when such a
-    workflow is registered.
+    the run with ``trigger_event_unavailable``. Asked of the status rows,
+    not of the code: a run of an older version (whose trigger the newest
+    may have dropped), or of a version no longer declared (rerun once it is
+    declared again), keeps its trigger as any other.
     """
-    consumers = {
-        workflow.name: workflow.trigger.event_type
-        for workflow in registry.all()
-        if isinstance(workflow.trigger, EventTrigger)
-        and workflow.trigger.event_type in et.RUN_EVENTS
-    }
-    if not consumers:
-        return {}
     kept: dict[uuid.UUID, str] = {}
     for chunk in _chunks(ids):
         events = dict(
             Event.objects.filter(
-                tenant_id=tenant,
-                aggregate_type=et.RUN_AGGREGATE_TYPE,
-                aggregate_id__in=chunk,
-                type__in=set(consumers.values()),
+                tenant_id=tenant, aggregate_type=et.RUN_AGGREGATE_TYPE, aggregate_id__in=chunk
             ).values_list("id", "aggregate_id")
         )
         for part in _chunks(list(events)):
             used = (
-                WorkflowRun.objects.filter(
-                    tenant_id=tenant, workflow_name__in=list(consumers), trigger_event_id__in=part
-                )
+                WorkflowRun.objects.filter(tenant_id=tenant, trigger_event_id__in=part)
                 .exclude(status__in=SETTLED_STATUSES)
                 .values_list("run_id", "trigger_event_id")
             )

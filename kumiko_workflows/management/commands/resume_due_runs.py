@@ -17,6 +17,7 @@ from kumiko_workflows.management.arguments import (
     positive_float,
     positive_int,
     refuse_writing_rehearsal,
+    tenant_id,
 )
 
 logger = logging.getLogger("kumiko_workflows.worker")
@@ -34,6 +35,7 @@ class Command(BaseCommand):
             "--tenant",
             action="append",
             dest="tenants",
+            type=tenant_id,
             metavar="T",
             help="Only this tenant (repeat for several). Default: every tenant with due runs.",
         )
