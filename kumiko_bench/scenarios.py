@@ -68,6 +68,7 @@ SCENARIOS = (
     "wake",
     "wake_scale",
     "memory",
+    "unanalysed",
 )
 DEFAULT_N = {
     "append": 2000,
@@ -78,6 +79,7 @@ DEFAULT_N = {
     "scan": 1_000_000,
     "wake": 50,
     "wake_scale": 100_000,
+    "unanalysed": 10_000,
 }
 #: Waiting runs (beside the one woken) at which wake_scale times an append.
 WAKE_SCALE_SIZES = (10, 1_000, 10_000, 100_000)
@@ -893,8 +895,47 @@ class Bench:
                 raise RuntimeError("wake_scale: the appended event did not wake its run")
         return timings
 
-    def _seed_waiting(self, count: int, *, scan: bool) -> None:
-        """``count`` waiting runs of the wake workflow, on distinct keys (or scanned)."""
+    def scenario_unanalysed(self) -> None:
+        """An awaited ``append_event`` on tables never analysed, beside the same after ``ANALYZE``.
+
+        N runs wait on distinct keys in a freshly migrated database (bulk
+        inserted, as after a load; autovacuum may be off), and the append is
+        timed as ``wake_scale`` times it; then ``ANALYZE``, and again. The
+        ratio is the unanalysed median over the analysed one (design rule 12:
+        about 1).
+        """
+        from kumiko_workflows.store.events import append_event
+
+        if self.vendor != "postgresql":
+            self.skip("unanalysed", "needs PostgreSQL (its planner's statistics)")
+            return
+        waiting = self.size("unanalysed")
+        self.fresh_database()
+        self._seed_waiting(waiting, scan=False, analyze=False)
+        unanalysed = self._time_wakes(append_event)
+        self.execute("ANALYZE")
+        analysed = self._time_wakes(append_event)
+        before, after = _pct(unanalysed, 50) * 1000, _pct(analysed, 50) * 1000
+        self.emit(
+            Result(
+                "unanalysed",
+                len(unanalysed),
+                sum(unanalysed),
+                len(unanalysed) / sum(unanalysed),
+                before / after,
+                "unanalysed / analysed",
+                extra={"p50_ms": before, "analysed_p50_ms": after, "waiting": waiting},
+                note=f"{waiting:,} waiting: p50 {before:.1f} ms, {after:.1f} ms after ANALYZE",
+            )
+        )
+        self.out(f"UNANALYSED waiting={waiting} p50_ms={before:.1f} analysed_p50_ms={after:.1f}")
+
+    def _seed_waiting(self, count: int, *, scan: bool, analyze: bool = True) -> None:
+        """``count`` waiting runs of the wake workflow, on distinct keys (or scanned).
+
+        ``analyze``: then ``ANALYZE`` (PostgreSQL), as a server with
+        autovacuum on would soon.
+        """
         from kumiko_workflows.store.events import append_event
 
         key = f"t-{uuid.uuid4().hex}"
@@ -929,7 +970,7 @@ class Bench:
             WorkflowRunPending.objects.bulk_create(rows)
             WorkflowWaitKey.objects.bulk_create(keys)
             made += size
-        if self.vendor == "postgresql":
+        if analyze and self.vendor == "postgresql":
             self.execute("ANALYZE")
 
     def scenario_memory(self) -> None:

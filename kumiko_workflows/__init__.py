@@ -32,6 +32,7 @@ _EXPORTS = {
     "StreamIdentityError": "kumiko_workflows.exceptions",
     "VersionConflict": "kumiko_workflows.exceptions",
     "AppendOnlyError": "kumiko_workflows.exceptions",
+    "CrossDatabaseTransaction": "kumiko_workflows.exceptions",
     "WorkflowDefinitionError": "kumiko_workflows.exceptions",
     "InvalidDuration": "kumiko_workflows.exceptions",
     "InvalidMatchExpression": "kumiko_workflows.exceptions",
@@ -69,6 +70,7 @@ __all__ = [
     "await_run_finished",
     "awake_run",
     "AppendOnlyError",
+    "CrossDatabaseTransaction",
     "InvalidArgument",
     "InvalidDuration",
     "InvalidEvent",
@@ -134,6 +136,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiko_workflows.engine.versions import migrate_workflow_runs
     from kumiko_workflows.exceptions import (
         AppendOnlyError,
+        CrossDatabaseTransaction,
         InvalidArgument,
         InvalidDuration,
         InvalidEvent,

@@ -28,6 +28,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import F, Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -62,6 +63,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
 )
 from kumiko_workflows.operations.explain import (
+    Explanation,
     attempt_text,
     awaited_events,
     describe_match,
@@ -73,9 +75,22 @@ from kumiko_workflows.operations.explain import (
     timeline,
     when,
 )
+from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import FAILURE_REASONS
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import run_id_for
+
+
+def _own_transaction() -> transaction.Atomic:
+    """A transaction on the engine's database for one of the admin's operations (wake, cancel...).
+
+    Each acts at once, committed on its own: a request's transaction on
+    another database (``ATOMIC_REQUESTS`` on the site's, the engine's tables
+    on a database of their own) is not the operation's to join, and the
+    operation would refuse to run inside it alone (``CrossDatabaseTransaction``).
+    """
+    return db.atomic()
+
 
 #: Runs listed by name on the cancel confirmation page; the rest are counted.
 CANCEL_LIST_LIMIT = 100
@@ -581,7 +596,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
         where = f"{name} (tenant {tenant})"
         try:
             if op == "pause":
-                if pause_schedule(name, tenant, by=by):
+                with _own_transaction():
+                    paused = pause_schedule(name, tenant, by=by)
+                if paused:
                     self.message_user(
                         request,
                         f"Paused {where}: no slot fires until it is resumed, and the slots "
@@ -591,7 +608,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 else:
                     self.message_user(request, f"{where} was paused already.", messages.WARNING)
             elif op == "resume":
-                if resume_schedule(name, tenant, by=by):
+                with _own_transaction():
+                    resumed = resume_schedule(name, tenant, by=by)
+                if resumed:
                     self.message_user(
                         request,
                         f"Resumed {where}: its slots from now on fire.",
@@ -610,7 +629,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
     def _fire(self, request: HttpRequest, name: str, tenant: str, where: str, by: str) -> None:
         key = request.POST.get("key") or uuid.uuid4().hex
         # The admin request only queues the run; a worker runs its steps.
-        with start_in_worker():
+        with start_in_worker(), _own_transaction():
             run_id = fire_schedule_now(name, tenant, key=key, by=by)
         if run_id is not None:
             self.message_user(
@@ -649,8 +668,12 @@ class WorkflowRunAdmin(WorkflowAdmin):
         run = self.get_object(request, unquote(object_id))
         context = dict(extra_context or {})
         if run is not None:
+            # Django's form reads the run again (get_object): it gets this one,
+            # so the heading, the explanation and the buttons tell one state.
+            request._kw_run_snapshot = (unquote(object_id), run)  # type: ignore[attr-defined]
             entries = timeline(run)
-            context["kw_explanation"] = explain(run, clock.now())
+            explanation = explain(run, clock.now())
+            context["kw_explanation"] = explanation
             context["kw_timeline"] = [
                 {
                     "entry": entry,
@@ -663,7 +686,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 for entry in entries
             ]
             context["kw_related"] = self._related(run, awaited_events(entries))
-            context["kw_buttons"] = self._buttons(request, run)
+            context["kw_buttons"] = self._buttons(request, run, explanation)
             context["kw_changelist_url"] = self._changelist_url(WorkflowRun)
         return super().change_view(request, object_id, form_url, context)
 
@@ -679,19 +702,36 @@ class WorkflowRunAdmin(WorkflowAdmin):
             related.append((what.capitalize(), self._event_link(event_id, text)))
         return related
 
-    def _buttons(self, request: HttpRequest, run: WorkflowRun) -> list[tuple[str, str, str]]:
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        snapshot = getattr(request, "_kw_run_snapshot", None)
+        if snapshot is not None and from_field is None and snapshot[0] == object_id:
+            return snapshot[1]
+        return super().get_object(request, object_id, from_field)
+
+    def _buttons(
+        self, request: HttpRequest, run: WorkflowRun, explanation: Explanation
+    ) -> list[tuple[str, str, str]]:
+        """The actions the explanation leaves open, each with its note (none on a stale read)."""
+        if explanation.moved:
+            return []
         allowed = self.get_actions(request)
         buttons = []
-        if "wake_now" in allowed and run.status == RunStatus.WAITING:
+        waking = run.status == RunStatus.WAITING and not explanation.due
+        if "wake_now" in allowed and waking:
             note = (
                 "Resumes as if the wait had timed out."
                 if run.suspension_type == SuspensionType.EVENT
                 else "Resumes on the next worker pass."
             )
             buttons.append(("wake_now", "Wake now", note))
-        if "rerun_failed" in allowed and run.status == RunStatus.FAILED:
+        if "rerun_failed" in allowed and explanation.rerunnable:
             buttons.append(
-                ("rerun_failed", "Rerun", "Runs again from where the failed attempt began.")
+                (
+                    "rerun_failed",
+                    "Rerun",
+                    "Runs again from where the failed attempt began, or resumes the wait it "
+                    "failed at with its deadline.",
+                )
             )
         if "cancel_runs" in allowed and run.status not in SETTLED_STATUSES:
             buttons.append(("cancel_runs", "Cancel…", "Asks for a reason first."))
@@ -731,7 +771,10 @@ class WorkflowRunAdmin(WorkflowAdmin):
         woken = skipped = 0
         for run in queryset:
             try:
-                ok = run.status == RunStatus.WAITING and wake_run(run.run_id, by=_actor(request))
+                with _own_transaction():
+                    ok = run.status == RunStatus.WAITING and wake_run(
+                        run.run_id, by=_actor(request)
+                    )
             except RunNotFound:
                 ok = False
             woken += ok
@@ -754,9 +797,10 @@ class WorkflowRunAdmin(WorkflowAdmin):
             cancelled = skipped = 0
             for run in queryset:
                 try:
-                    ok = run.status not in SETTLED_STATUSES and cancel_run(
-                        run.run_id, reason, by=_actor(request)
-                    )
+                    with _own_transaction():
+                        ok = run.status not in SETTLED_STATUSES and cancel_run(
+                            run.run_id, reason, by=_actor(request)
+                        )
                 except RunNotFound:
                     ok = False
                 cancelled += ok
@@ -802,7 +846,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
                 skipped += 1
                 continue
             try:
-                if rerun_run(run.run_id, by=_actor(request)):
+                with _own_transaction():
+                    rerun = rerun_run(run.run_id, by=_actor(request))
+                if rerun:
                     requested += 1
                 else:
                     skipped += 1

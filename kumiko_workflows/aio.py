@@ -9,6 +9,7 @@ and raises the same errors as its twin.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 
@@ -32,6 +33,19 @@ arerun_run = sync_to_async(rerun_run, thread_sensitive=True)
 aresume_due_runs = sync_to_async(resume_due_runs, thread_sensitive=True)
 
 
+def _seconds(name: str, value: object) -> float:
+    """``value`` as a positive, finite number of seconds, else :class:`InvalidArgument`."""
+    shown = repr(value)
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond any float: 10**400
+            seconds, shown = math.inf, f"an integer of {int(value).bit_length()} bits"
+        if 0 < seconds < math.inf:  # NaN fails both
+            return seconds
+    raise InvalidArgument(f"{name} must be a positive number of seconds (finite), got {shown}")
+
+
 async def await_run_finished(
     run_id: uuid.UUID | str, *, timeout: float = 30.0, interval: float = 0.2
 ) -> WorkflowRun:
@@ -41,9 +55,7 @@ async def await_run_finished(
     reads; raises :class:`TimeoutError` after ``timeout`` seconds (the run
     goes on), :class:`RunNotFound` for an unknown id.
     """
-    for name, value in (("timeout", timeout), ("interval", interval)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise InvalidArgument(f"{name} must be a positive number of seconds, got {value!r}")
+    timeout, interval = _seconds("timeout", timeout), _seconds("interval", interval)
     read = sync_to_async(find_run, thread_sensitive=True)
     deadline = time.monotonic() + timeout
     while True:

@@ -44,6 +44,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         "MAX_RESUME_ERRORS",
         "CRON_CATCH_UP_LIMIT",
         "CRON_GRACE",
+        "SIGNAL_REDELIVERY_SECONDS",
     )
     for key in positive:
         value = getattr(workflow_settings, key)

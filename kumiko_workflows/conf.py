@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     # Passes in a row whose resume of a run raises before the run is failed
     # (reason resume_failed_repeatedly), so no run trips every pass for ever.
     "MAX_RESUME_ERRORS": 3,
+    # Seconds after which a resume worker delivers again a run signal whose
+    # process (on another host) has not finished delivering it: at least once.
+    "SIGNAL_REDELIVERY_SECONDS": 120,
     # PostgreSQL channel NOTIFYed when a pending row becomes due now.
     "NOTIFY_CHANNEL": "kumiko_workflows_due",
     # Dotted path (or callable) returning the tenants cron workflows fire for;

@@ -43,6 +43,19 @@ class VersionConflict(WorkflowError):
         self.expected_version = expected_version
 
 
+class CrossDatabaseTransaction(WorkflowError):
+    """The caller's transaction is on another database than the engine's tables.
+
+    Raised before any SQL, and nothing is written, when a caller inside a
+    transaction on one database alias appends (or cancels, wakes, reruns, or
+    acts on a cron schedule) while ``KUMIKO_WORKFLOWS["DATABASE"]`` names
+    another alias with no transaction open: the engine's writes would commit
+    at once, whatever became of the caller's transaction. Open a transaction
+    on the engine's alias too, or call after the caller's commits (the docs'
+    settings reference, "What is atomic with what").
+    """
+
+
 class AppendOnlyError(WorkflowError):
     """Events are append-only: they cannot be changed or deleted through the ORM."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from kumiko_workflows.exceptions import AppendOnlyError
@@ -192,6 +193,12 @@ class WorkflowRun(models.Model):
         return f"{self.workflow_name} {self.run_id} ({self.status})"
 
 
+#: Keyed candidates of an awaited event are read this many runs at a time (see
+#: ``WorkflowRunPendingQuerySet.candidates``): well inside every database's
+#: limit on a statement's parameters.
+KEYED_BATCH = 500
+
+
 class WorkflowRunPendingQuerySet(models.QuerySet):
     def due(self, now: datetime | None = None) -> WorkflowRunPendingQuerySet:
         return self.filter(wake_at__lte=now or clock.now())
@@ -213,8 +220,13 @@ class WorkflowRunPendingQuerySet(models.QuerySet):
         """``wait_for_event`` rows an event of the tenant offering ``keys`` may end.
 
         Those whose match requires no equality (the scan path) and those
-        stored under one of the keys: two querysets, each served by its own
-        index (one OR of both would scan every waiting row).
+        stored under one of the keys: querysets each served by its own index
+        (one OR of both would scan every waiting row). The keyed runs' ids
+        are read first and their rows then found by id, in batches of
+        ``KEYED_BATCH``: a join of keys and rows in one statement lets a
+        planner without statistics (a table never analysed) drive from the
+        waiting rows and probe the keys once per waiting run, a cost that
+        grows with the square of the waiting runs (design rule 12).
         """
         found = [self.filter(tenant_id=tenant_id, match_scan=True).waiting_for(event_type)]
         if keys:
@@ -224,11 +236,12 @@ class WorkflowRunPendingQuerySet(models.QuerySet):
             stored = WorkflowWaitKey.objects.filter(
                 offered, tenant_id=tenant_id, event_type=event_type
             )
-            found.append(
-                self.filter(tenant_id=tenant_id, run_id__in=stored.values("run_id")).waiting_for(
-                    event_type
+            run_ids = sorted(set(stored.values_list("run_id", flat=True)))
+            for start in range(0, len(run_ids), KEYED_BATCH):
+                batch = run_ids[start : start + KEYED_BATCH]
+                found.append(
+                    self.filter(tenant_id=tenant_id, run_id__in=batch).waiting_for(event_type)
                 )
-            )
         return [rows.order_by("pk") for rows in found]
 
 
@@ -436,3 +449,33 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.name} (seen {self.seen_at.isoformat()})"
+
+
+class SignalDelivery(models.Model):
+    """A run signal not yet handed to every receiver: the signals' outbox.
+
+    Written with the transition's run event, in its transaction, when a
+    receiver listens; deleted once the receivers were called after commit.
+    A row left behind (its process died) is delivered again by a resume
+    worker's pass. Not workflow state: not an event, not projected, never
+    rebuilt.
+    """
+
+    event_id = models.BigIntegerField(
+        primary_key=True,
+        help_text="The run event whose signal it is; receivers get it as delivery_id.",
+    )
+    tenant_id = models.CharField(max_length=100)
+    owner = models.CharField(
+        max_length=300, help_text="host:pid:token of the process delivering it"
+    )
+    leased_at = models.DateTimeField(
+        db_default=Now(), help_text="When its owner took it (the database's clock)."
+    )
+
+    class Meta:
+        verbose_name = "signal delivery"
+        verbose_name_plural = "signal deliveries"
+
+    def __str__(self) -> str:
+        return f"signal of event #{self.event_id} (owner {self.owner})"

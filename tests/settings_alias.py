@@ -3,14 +3,15 @@
 Used by ``tests/test_database_alias.py`` in subprocesses: ``default`` holds
 only the site's own tables (auth, sessions, the example app);
 ``KUMIKO_TEST_ALIAS_DEFAULT`` and ``KUMIKO_TEST_ALIAS_WORKFLOWS`` name the two
-PostgreSQL databases.
+databases (on SQLite, two files).
 """
 
 import os
 
 from tests.settings import *  # noqa: F403
 
-_server = env.db("DATABASE_URL")  # noqa: F405 - PostgreSQL only
+# PostgreSQL: two databases on its server; SQLite: two files (the NAMEs are paths).
+_server = env.db("DATABASE_URL", default="sqlite:///unused")  # noqa: F405
 DATABASES = {
     "default": {**_server, "NAME": os.environ["KUMIKO_TEST_ALIAS_DEFAULT"]},
     "workflows": {**_server, "NAME": os.environ["KUMIKO_TEST_ALIAS_WORKFLOWS"]},

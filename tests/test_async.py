@@ -52,6 +52,18 @@ def test_awaiting_a_run_times_out_and_errors_are_the_sync_ones():
             await await_run_finished(uuid.uuid4())
         with pytest.raises(InvalidArgument, match="timeout must be a positive number"):
             await await_run_finished(run_id, timeout=0)
+        refusals = {
+            "timeout": (10**400, "an integer of 1329 bits"),
+            "interval": (float("inf"), "inf"),
+        }
+        for name, (value, shown) in refusals.items():
+            with pytest.raises(InvalidArgument) as refused:
+                await await_run_finished(run_id, **{name: value})
+            assert str(refused.value) == (
+                f"{name} must be a positive number of seconds (finite), got {shown}"
+            )
+        with pytest.raises(InvalidArgument, match=r"got nan$"):
+            await await_run_finished(run_id, timeout=float("nan"))
         with pytest.raises(InvalidEvent, match="aggregate_id must be a UUID"):
             await aappend_event("nope", "t", "t.wait", {})
 

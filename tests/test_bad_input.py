@@ -501,6 +501,35 @@ def test_a_bad_by_is_refused_before_any_sql_and_the_run_is_untouched(
     assert types_of(run_id) == [et.RUN_STARTED, et.WAITING, et.WAKE_REQUESTED]
 
 
+def _schedule_operation(name):
+    from kumiko_workflows import fire_schedule_now, pause_schedule, resume_schedule
+    from tests.testapp import cron_workflows as cw
+
+    return {
+        "pause": lambda by: pause_schedule(cw.hourly_all.name, by=by),
+        "resume": lambda by: resume_schedule(cw.hourly_all.name, by=by),
+        "fire now": lambda by: fire_schedule_now(cw.hourly_all.name, by=by),
+    }[name]
+
+
+@pytest.mark.parametrize("operation", ["pause", "resume", "fire now"])
+@pytest.mark.parametrize("by, message", BAD_BY.values(), ids=BAD_BY.keys())
+def test_a_bad_by_of_a_schedule_operation_is_refused_before_any_sql(
+    operation, by, message, django_assert_num_queries
+):
+    from kumiko_workflows.workflow.definition import registry
+    from tests.testapp import cron_workflows as cw
+
+    with registry.override(cw.hourly_all), transaction.atomic():
+        with django_assert_num_queries(0), pytest.raises(InvalidArgument, match=re.escape(message)):
+            _schedule_operation(operation)(by)
+        assert _schedule_operation("pause")("ops") is True  # the transaction goes on
+
+    assert not Event.objects.filter(aggregate_type=et.SCHEDULE_AGGREGATE_TYPE).exclude(
+        type__in=[et.SCHEDULE_STARTED, et.SCHEDULE_PAUSED]
+    ).exists()
+
+
 BAD_REASONS = {
     "NUL": ("dup\x00licate", "reason contains a NUL character"),
     "lone surrogate": ("dup\ud800", "reason is not valid Unicode text"),
@@ -529,6 +558,24 @@ def test_a_bad_tenant_for_resume_due_runs_is_refused_before_any_sql(
     message = "tenant_id " + message.format(max_length=100)
     with django_assert_num_queries(0), pytest.raises(InvalidArgument, match=message):
         resume_due_runs(tenant_id=tenant)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["resume_due_runs"], ["resume_due_runs", "--loop"], ["workflow_versions"]],
+    ids=" ".join,
+)
+def test_a_bad_tenant_on_the_command_line_is_one_clear_line_and_a_non_zero_exit(command):
+    from tests.conftest import run_manage
+
+    done = run_manage(*command, "--tenant", "a\x01")
+
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].endswith(
+        "error: argument --tenant: 'a\\x01': a tenant id contains a control character "
+        "('\\x01' at position 1)"
+    )
 
 
 STEP_APPENDS = {

@@ -65,6 +65,10 @@ def assert_result_lines(output: str) -> None:
         assert re.search(r"^RATIO name=drain_2 value=", output, re.M), output
         assert re.search(r"^RATIO name=drain_2_vs_1 value=", output, re.M), output
         assert re.search(r"^RESULT name=kumiko_slow_step n=20 ", output, re.M), output
+        assert re.search(r"^RATIO name=unanalysed value=[\d.]+$", output, re.M), output
+        assert re.search(
+            r"^UNANALYSED waiting=20 p50_ms=[\d.]+ analysed_p50_ms=[\d.]+$", output, re.M
+        ), output
         assert re.search(
             r"^SLOW_STEP quick_p50_s=[\d.]+ quick_p95_s=[\d.]+ quick_max_s=[\d.]+ slow_s=0.2$",
             output,
@@ -74,6 +78,7 @@ def assert_result_lines(output: str) -> None:
         assert "SKIPPED name=kumiko_wake reason=needs PostgreSQL" in output
         assert "SKIPPED name=kumiko_drain_2" in output
         assert "SKIPPED name=kumiko_slow_step reason=SQLite allows one writer" in output
+        assert "SKIPPED name=kumiko_unanalysed reason=needs PostgreSQL" in output
     assert "scenario" in output and "per sec" in output  # the table for people
 
 

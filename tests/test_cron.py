@@ -531,8 +531,8 @@ def test_schedule_overview_shows_the_last_and_next_slot():
 def test_fire_schedules_command_fires_as_of_now_and_refuses_a_naive_instant():
     out = StringIO()
     with registry.override(cw.hourly_latest):
-        call_command("fire_schedules", "--now", START, stdout=out)
-        call_command("fire_schedules", "--now", "2030-01-01T01:00:00+00:00", stdout=out)
+        call_command("fire_schedules", "--now", START, "--write", stdout=out)
+        call_command("fire_schedules", "--now", "2030-01-01T01:00:00+00:00", "--write", stdout=out)
         with pytest.raises(CommandError, match="has no UTC offset"):
             call_command("fire_schedules", "--now", "2030-01-01T02:00:00")
     assert out.getvalue().splitlines() == ["started 0 cron runs", "started 1 cron run"]

@@ -385,8 +385,8 @@ def test_malformed_arguments_to_the_builders_are_refused():
         (lambda: on_event("e", filter="yes"), "must be callable"),
         (lambda: build([], name=""), "a workflow needs a name"),
         (lambda: build([], trigger="e"), "trigger must be on_event"),
-        (lambda: build([], version=0), "version must be an integer >= 1, got 0"),
-        (lambda: build([], version=True), "version must be an integer >= 1, got True"),
+        (lambda: build([], version=0), "version must be an integer from 1 to 2147483647, got 0"),
+        (lambda: build([], version=True), "must be an integer from 1 to 2147483647, got True"),
         (lambda: build([], awaits={"k": ""}), "awaits maps keys to event types"),
         (lambda: build([], key=3), "idempotency_key must be a string, a callable or None"),
     ]

@@ -9,16 +9,21 @@ from __future__ import annotations
 import io
 import json
 import signal
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.utils import timezone
 
 from kumiko_workflows.engine.worker import Heartbeat
 from kumiko_workflows.models import WorkerHeartbeat
+from kumiko_workflows.store import db
 from kumiko_workflows.testing import virtual_clock
-from tests.conftest import run_manage, trigger
+from tests.conftest import REPO, run_manage, subprocess_env, trigger
+from tests.faults_support import database_url, free_port
 from tests.test_worker import start_worker, stop, wait_for
 
 
@@ -191,3 +196,83 @@ def test_a_heartbeat_is_written_at_most_every_few_seconds_and_prunes_day_old_row
     assert WorkerHeartbeat.objects.get(name=heartbeat.name).tenants == ["acme"]
     heartbeat.stop()
     assert not WorkerHeartbeat.objects.filter(name=heartbeat.name).exists()
+
+
+# --- one clock: the database's --------------------------------------------------------
+
+
+def skewed(seconds: float, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``manage.py *args`` in a process whose clock is ``seconds`` off (tests/skewed_clock.py)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.skewed_clock", str(seconds), *args],
+        cwd=REPO,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("skew", [3600, -300], ids=["an-hour-ahead", "five-minutes-behind"])
+def test_a_worker_writes_its_heartbeat_on_the_database_clock_not_its_own(skew):
+    passed = skewed(skew, "resume_due_runs", "--no-cron")
+    assert passed.returncode == 0, passed.stderr
+
+    row = WorkerHeartbeat.objects.get()
+    database_now = db.database_now()
+    for instant in (row.seen_at, row.started_at):
+        assert abs((database_now - instant).total_seconds()) < 60, (skew, instant, database_now)
+    # Live (five minutes behind): fresh. Dead (an hour ahead): as old as it is, not an
+    # hour younger -- the check, a process later, sees it past a limit of 50 ms.
+    assert run_manage("workflow_status", "--check", "--max-lag", "off").returncode == 0
+    dead = run_manage("workflow_status", "--check", "--max-heartbeat-age", "0.05")
+    assert dead.returncode == 1, dead.stdout
+    assert "no worker has passed in the last 0.05 s" in dead.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_check_judges_a_heartbeat_on_the_database_clock_not_its_own():
+    fresh = beat("fresh:1", hostname="fresh")
+    WorkerHeartbeat.objects.filter(pk=fresh.pk).update(seen_at=db.database_now())
+    gone = beat("gone:2", hostname="gone")
+    WorkerHeartbeat.objects.filter(pk=gone.pk).update(
+        seen_at=db.database_now() - timedelta(minutes=2)
+    )
+
+    # A probe an hour ahead finds the fresh worker fresh...
+    ahead = skewed(3600, "workflow_status", "--check", "--host", "fresh")
+    assert ahead.returncode == 0, ahead.stderr
+    assert ahead.stdout.startswith("healthy: nothing is due; worker fresh:1 passed")
+    # ...and one an hour behind finds the dead one two minutes old, not in the future.
+    behind = skewed(-3600, "workflow_status", "--check", "--json", "--host", "gone")
+    assert behind.returncode == 1
+    verdict = json.loads(behind.stdout)
+    assert verdict["healthy"] is False
+    assert 120 <= verdict["worker"]["age_seconds"] < 180, verdict
+    assert "(the latest, gone:2, 2 min" in verdict["problems"][0]
+
+
+def _unreachable(tmp_path) -> dict[str, str]:
+    if connection.vendor == "postgresql":
+        return {"DATABASE_URL": database_url(free_port())}  # nothing listens there
+    missing = str(tmp_path / "no-such-dir" / "db.sqlite3")
+    return {"DATABASE_URL": f"sqlite:///{missing}", "KUMIKO_TEST_DB_NAME": missing}
+
+
+@pytest.mark.parametrize("args", [["--check"], ["--check", "--json"], ["--json"], []], ids=" ".join)
+def test_with_the_database_down_the_status_is_one_line_and_exits_1(args, tmp_path):
+    result = skewed(0, "workflow_status", *args, **_unreachable(tmp_path))
+
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("CommandError: the database is unavailable: "), line
+    if "--json" in args:
+        answer = json.loads(result.stdout)
+        assert answer["error"] == line.removeprefix("CommandError: ")
+        assert answer.get("healthy", False) is False and ("healthy" in answer) == (
+            "--check" in args
+        )
+    else:
+        assert result.stdout == ""

@@ -164,3 +164,100 @@ def test_a_migration_on_another_connection_leaves_prepared_statements_working(ne
         other.close()
     assert Event.objects.filter(aggregate_id__in=streams).count() == 4
     assert inserts(prepared()) == [6]  # the same prepared statement throughout
+
+
+# --- a pooler that loses prepared statements (PgBouncer < 1.21 in transaction mode) ------
+
+
+def _taken_by_another_client(count: int = 10) -> None:
+    """Prepare psycopg's first names on this session, as another client of the same
+    server connection would have behind a transaction-pooling PgBouncer."""
+    with connection.cursor() as cursor:
+        for n in range(count):
+            cursor.execute(f"PREPARE _pg3_{n} AS SELECT {n}")
+
+
+def _lost_on_the_server() -> None:
+    """Drop this session's prepared statements behind psycopg's back, as a pooler does
+    by handing the next transaction another server connection."""
+    connection.connection.pgconn.exec_(b"DEALLOCATE ALL")
+
+
+@pytest.fixture
+def warnings_once(monkeypatch, caplog):
+    from kumiko_workflows.store import db
+
+    monkeypatch.setattr(db, "_warned_about_pooler", False, raising=False)
+    caplog.set_level("WARNING", logger="kumiko_workflows.db")
+    return caplog
+
+
+def _pooler_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "refused a prepared statement" in r.message]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_name_another_client_holds_stops_preparing_and_the_append_goes_on(
+    new_connection, warnings_once
+):
+    _taken_by_another_client()
+    streams = appends(4)  # the second would PREPARE _pg3_0: refused, sent again unprepared
+    assert Event.objects.filter(aggregate_id__in=streams).count() == 4
+    assert inserts(prepared()) == []  # nothing more prepared on this connection
+    (warning,) = _pooler_warnings(warnings_once)
+    assert 'prepared statement "_pg3_0" already exists' in warning
+    assert "PREPARED_STATEMENTS" in warning
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_awaited_appends_in_the_callers_transaction_survive_a_refused_prepare(
+    new_connection, warnings_once
+):
+    waiting = [trigger("t.signed-up", user_id=f"pooled-{i}", timeout="P7D") for i in range(3)]
+    connection.close()
+    _taken_by_another_client()
+    with transaction.atomic():
+        for i in range(3):
+            append_event(uuid.uuid4(), "user", "t.verified", {"user_id": f"pooled-{i}"})
+        # The caller's transaction is still usable, and sees its appends.
+        assert Event.objects.filter(type="t.verified").count() == 3
+    for event in waiting:
+        run_id = run_id_for("t-event", event.payload["run_key"])
+        assert et.WAKE_REQUESTED in types_of(run_id)
+    assert len(_pooler_warnings(warnings_once)) == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_statement_the_server_lost_is_sent_again_unprepared(
+    new_connection, warnings_once
+):
+    appends(3)
+    assert inserts(prepared()) == [2]
+    _lost_on_the_server()
+    streams = appends(2)  # in autocommit: the refused statement aborted nothing
+    assert Event.objects.filter(aggregate_id__in=streams).count() == 2
+    assert inserts(prepared()) == []
+    (warning,) = _pooler_warnings(warnings_once)
+    assert 'prepared statement "_pg3_0" does not exist' in warning
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_awaited_append_whose_prepared_insert_the_server_lost_runs_again_at_its_savepoint(
+    new_connection, warnings_once
+):
+    waiting = [trigger("t.signed-up", user_id=f"lost-{i}", timeout="P7D") for i in range(3)]
+    append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "lost-0"})
+    append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "lost-1"})
+    assert inserts(prepared())  # the append's insert among them
+    _lost_on_the_server()
+    with transaction.atomic():
+        append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "lost-2"})
+        assert Event.objects.filter(type="t.verified").count() == 3
+    for event in waiting:
+        assert et.WAKE_REQUESTED in types_of(run_id_for("t-event", event.payload["run_key"]))
+    (warning,) = _pooler_warnings(warnings_once)
+    assert "does not exist" in warning

@@ -336,6 +336,11 @@ BAD_INPUT = {
         "finished until now, give PT0S",
     ),
     "naive instant": (["--finished-before", "2020-01-01T00:00:00"], "has no UTC offset"),
+    "instant before the year 1 in UTC": (
+        ["--finished-before", "0001-01-01T00:00:00+14:00"],
+        "--finished-before 0001-01-01T00:00:00+14:00 is out of range: it falls outside the "
+        "years 1-9999 in UTC",
+    ),
     "batch too big": (["--finished-before", "P1D", "--batch", "10001"], "from 1 to 10000"),
     "batch zero": (["--finished-before", "P1D", "--batch", "0"], "must be at least 1"),
     "run id": (["--finished-before", "P1D", "--run", "nope"], "'nope' is not a run id"),
@@ -465,6 +470,7 @@ def test_an_archive_ending_in_a_torn_member_is_refused_before_anything_changes(w
     path = tmp_path / "purged.jsonl.gz"
     whole = gzip.compress(b'{"id": 1}\n')
     path.write_bytes(whole + gzip.compress(b'{"id": 2}\n')[:15])
+    path.chmod(0o600)  # (a wider file is refused for that first)
     before = counts()
 
     with pytest.raises(ArchiveError, match=f"truncate -s {len(whole)} "):
@@ -566,6 +572,36 @@ def test_a_workflow_without_idempotency_keys_leaves_no_tombstones():
         assert WorkflowRun.objects.filter(workflow_name="t-purge-keyless").count() == 1
 
 
+def _keyed_then_keyless(version):
+    """Version 1 keys its runs by the payload's run_key; version 2 gives each a random key."""
+    return define_workflow(
+        name="t-purge-keyless",
+        trigger=on_event("t.purge-keyless"),
+        idempotency_key=_run_key if version == 1 else None,
+        version=version,
+        steps=[steps.compute("n", _noop)],
+        register=False,
+    )
+
+
+def _run_key(event):
+    return event.payload["run_key"]
+
+
+def test_a_purged_runs_tombstone_follows_its_own_version_not_the_newest():
+    with registry.override(_keyed_then_keyless(1)):
+        keyed = start("t.purge-keyless", "t-purge-keyless", run_key="k1")
+    with registry.override(_keyed_then_keyless(1), _keyed_then_keyless(2)):
+        assert purge_runs("PT0S").tombstones == 1  # v1 keyed it, though v2 starts keyless runs
+        # A v2 run's key is random: no tombstone needed.
+        append_event(uuid.uuid4(), "test-source", "t.purge-keyless", {})
+        assert purge_runs("PT0S").tombstones == 0
+    with registry.override(_keyed_then_keyless(1)):  # a rollback: v1 starts runs again
+        append_event(uuid.uuid4(), "test-source", "t.purge-keyless", {"run_key": "k1"})
+
+    assert gone(keyed)  # the purged run was not started again with its used key
+
+
 def test_cron_runs_are_purged_without_refiring_their_slots():
     first = "2030-01-01T06:00:00+00:00"
     with registry.override(cw.hourly_all):
@@ -624,6 +660,39 @@ def test_a_run_whose_event_started_a_run_still_waiting_is_kept_until_that_one_fi
         resume_due_runs(now=timezone.now() + timedelta(hours=2))
         assert WorkflowRun.objects.get(run_id=follower).status == "completed"
         assert purge_runs("PT0S").runs == 2 and gone(first) and gone(follower)
+
+
+def _follow_up_v2():
+    """Version 2 of the follow-up, started by a domain event: no run event triggers it."""
+    return define_workflow(
+        name="t-purge-follow-up",
+        trigger=on_event("t.follow-up"),
+        idempotency_key=_its_run,
+        version=2,
+        steps=[steps.compute("n", _noop)],
+        register=False,
+    )
+
+
+def test_the_trigger_of_an_older_versions_run_in_flight_is_kept():
+    with registry.override(_follow_up()):
+        first = start("t.branch", "t-branch", go_then=False)
+        follower = run_id_for("t-purge-follow-up", str(first))
+    kept = {str(first): f"run {follower}, not finished, was started by its event"}
+
+    # v2 beside v1 (the newest no longer triggered by run events), and with
+    # neither declared: the waiting v1 run still needs its trigger.
+    for declared in ([_follow_up(), _follow_up_v2()], []):
+        with registry.override(*declared) if declared else registry.without("t-purge-follow-up"):
+            report = purge_runs("PT0S", run_ids=[first])
+        assert (report.runs, report.passed_over, dict(report.refused)) == (0, 1, kept)
+        assert stream_rows(first) == 2
+
+    with registry.override(_follow_up(), _follow_up_v2()):
+        resume_due_runs(now=timezone.now() + timedelta(hours=2))
+    run = WorkflowRun.objects.get(run_id=follower)
+    assert (run.workflow_version, run.status, run.failure_reason) == (1, "completed", "")
+    assert purge_runs("PT0S").runs == 2 and gone(first) and gone(follower)
 
 
 # --- PostgreSQL: a purge beside real processes ---------------------------------------

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows import resume_due_runs, run_id_for
-from kumiko_workflows.models import WorkflowRun, WorkflowRunPending
+from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from tests.conftest import run_events, trigger, types_of
 
 pytestmark = pytest.mark.django_db
@@ -26,6 +26,7 @@ def test_due_wait_resumes_to_completion_and_pending_row_goes(past):
     # The completion keeps the run's final step results.
     assert run_events(run_id)[3].payload == {
         "workflow_name": "t-wait",
+        "workflow_version": 1,
         "step_count": 3,
         "state": {
             "results": {
@@ -340,6 +341,29 @@ def test_awaited_event_gone_fails_the_run():
     assert run_events(run_id)[-1].payload["reason"] == "awaited_event_unavailable"
 
 
+def test_a_rerun_after_its_awaited_event_was_erased_waits_again_until_its_deadline():
+    from kumiko_workflows import rerun_run
+    from kumiko_workflows.operations.rebuild import check
+
+    run_id = _verification("u1", timeout="P3D")
+    deadline = _pending(run_id).timeout_at
+    _delete_event(_verify("u1").id)
+    resume_due_runs()
+    assert run_events(run_id)[-1].payload["reason"] == "awaited_event_unavailable"
+
+    assert rerun_run(run_id)
+    row = _pending(run_id)
+    # The wait as it was before the erased event woke it: not due, same deadline.
+    assert (row.awaited_event_id, row.wake_at, row.timeout_at) == (None, deadline, deadline)
+    assert not resume_due_runs().resumed
+    verified = _verify("u1", note="again")  # its keys still find it
+    assert _pending(run_id).awaited_event_id == verified.id
+    resume_due_runs()
+    assert WorkflowRun.objects.get(run_id=run_id).status == "completed"
+    assert run_events(run_id)[-1].payload["state"]["awaited"] == {"verified": verified.id}
+    assert check().differences == []
+
+
 def test_rerun_run_reruns_a_failed_run_from_where_its_attempt_began(now):
     from kumiko_workflows import rerun_run
     from kumiko_workflows.exceptions import RunNotRerunnable
@@ -359,12 +383,14 @@ def test_rerun_run_reruns_a_failed_run_from_where_its_attempt_began(now):
 
     assert rerun_run(run_id, by="ops") is True
     assert WorkflowRun.objects.get(run_id=run_id).status == "waiting"
+    row = _pending(run_id)
+    assert (row.suspension_type, row.retry_attempt) == ("retry", 1)  # the backoff, as it was
     resume_due_runs(now=now + timedelta(seconds=12))
-    # The retry step runs again from attempt 1, which fails once more...
-    assert types_of(run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.RETRY_SCHEDULED]
-    resume_due_runs(now=now + timedelta(seconds=60))
-    # ...and attempt 2 passes.
-    assert types_of(run_id)[-2:] == [et.RESUMED, et.RUN_COMPLETED]
+    # It failed resuming its backoff, so the rerun resumed that: attempt 2 passes,
+    # not attempt 1 of a fresh retry.
+    assert types_of(run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.RUN_COMPLETED]
+    passed = Event.objects.get(aggregate_id=event.aggregate_id, type="t.gate-passed")
+    assert passed.payload == {"attempt": 2}
     with pytest.raises(RunNotRerunnable, match="completed"):
         rerun_run(run_id)
 
@@ -597,9 +623,47 @@ def test_a_run_whose_resume_keeps_raising_is_failed_after_max_resume_errors(sett
     assert not WorkflowRunPending.objects.filter(run_id=stuck).exists()
     assert resume_due_runs(now=now + timedelta(minutes=4)).processed == 0
 
-    # Once the cause is gone, the run can be rerun from its suspension.
+    # Once the cause is gone, the run is rerun from its suspension: its wait
+    # was over, so one pass runs the rest (the wait step does not run again).
     assert rerun_run(stuck, by="ops") is True
     assert _pending(stuck).resume_errors == 0
-    for minutes in (5, 6):  # the wait step runs again (PT0S), then the rest
-        assert resume_due_runs(now=now + timedelta(minutes=minutes)).errors == 0
-    assert types_of(stuck)[-1] == et.RUN_COMPLETED
+    assert resume_due_runs(now=now + timedelta(minutes=5)).completed == 1
+    assert types_of(stuck)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.RUN_COMPLETED]
+    assert check().differences == []
+
+
+def test_a_rerun_after_failed_resumes_keeps_the_event_waits_deadline_and_match(settings, now):
+    """The issue's payment window: a timed-out wait rerun must not wait its timeout again."""
+    from kumiko_workflows import rerun_run
+    from kumiko_workflows.operations.rebuild import check
+    from kumiko_workflows.store.dispatch import registry as projections
+
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "MAX_RESUME_ERRORS": 1}
+    unpaid, paid = _verification("u1", timeout="PT1H"), _verification("u2", timeout="PT1H")
+    waits = {run_id: _pending(run_id) for run_id in (unpaid, paid)}
+
+    def explode(event, replaying):
+        raise LedgerLocked("the ledger is locked")
+
+    later = now + timedelta(hours=2)  # both timed out
+    projections.register("test.explode-on-resume", {et.RESUMED}, explode)
+    try:
+        assert resume_due_runs(now=later).failed == 2
+    finally:
+        projections.unregister("test.explode-on-resume")
+    # While they are failed, u2's event arrives (in time: before its deadline).
+    verified = _verify("u2")
+
+    assert rerun_run(unpaid) and rerun_run(paid)
+    for run_id, wait in waits.items():
+        row = _pending(run_id)
+        assert (row.suspension_type, row.step) == ("event", "0")
+        assert (row.timeout_at, row.match_expr) == (wait.timeout_at, wait.match_expr)
+    assert _pending(paid).awaited_event_id == verified.id  # found by the look-back
+    assert resume_due_runs(now=later).completed == 2  # at once: no second hour of waiting
+
+    def seen(run_id):
+        return run_events(run_id)[-1].payload["state"]["awaited"]["verified"]
+
+    assert (seen(unpaid), seen(paid)) == (None, verified.id)
+    assert check().differences == []

@@ -28,12 +28,14 @@ from kumiko_workflows import (
     steps,
 )
 from kumiko_workflows import event_types as et
+from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.management.commands.workflow_status import status_report
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
+from kumiko_workflows.operations.explain import timeline
 from kumiko_workflows.operations.rebuild import check
 from kumiko_workflows.operations.versions import version_table
 from kumiko_workflows.store.events import engine_stream
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.definition import MAX_VERSION, registry
 from tests.conftest import run_events, trigger, types_of
 from tests.testapp import workflows as w
 
@@ -264,6 +266,90 @@ def test_a_run_started_before_versions_were_recorded_resumes_on_its_fingerprints
     assert check().differences == []
 
 
+def paying(version):
+    """Waits up to three days for its payment, then records whether it came."""
+    return define_workflow(
+        name="t-versioned-pay",
+        trigger=on_event("t.versioned-pay"),
+        idempotency_key=w.run_key,
+        awaits={"paid": "t.versioned-paid"},
+        version=version,
+        steps=[
+            steps.wait_for_event("paid", match=w.user_match, timeout="P3D"),
+            steps.compute("after", w.record("after")),
+        ],
+        register=False,
+    )
+
+
+def test_declaring_v1_again_and_rerunning_resumes_its_wait_with_its_deadline(now):
+    """The documented recovery: a wait already over resumes at once, not a second hour."""
+    with registry.override(version_1()):
+        event, run_id = start()  # waits PT1H at step 1
+    wait = WorkflowRunPending.objects.get(run_id=run_id)
+    with registry.override(version_2()):  # the deploy that removed v1 too early
+        drain(now, 2)
+    assert run_of(run_id).failure_reason == "workflow_definition_changed"
+
+    with registry.override(version_1(), version_2()):  # v1 declared again
+        assert rerun_run(run_id, by="ops")
+        row = WorkflowRunPending.objects.get(run_id=run_id)
+        assert (row.suspension_type, row.step, row.wake_at) == ("wait", "1", wait.wake_at)
+        assert run_of(run_id).wake_at == wait.wake_at
+        said = [entry.summary for entry in timeline(run_of(run_id))][-1]
+        assert said.startswith("resumes its wait as it was, until ")
+        drain(now, 2)  # the same instant: the hour is over
+
+    assert recorded(event) == ["before", "after"]
+    assert types_of(run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.WAITING]
+    assert WorkflowRunPending.objects.get(run_id=run_id).step == "3"  # the second wait
+    assert check().differences == []
+
+
+def test_declaring_v1_again_and_rerunning_keeps_a_timed_out_payment_window(now):
+    """A 3-day wait_for_event that timed out resumes timed out: the window stays 3 days."""
+    with registry.override(paying(1)):
+        event = trigger("t.versioned-pay", user_id="u1")
+        run_id = run_id_for("t-versioned-pay", event.payload["run_key"])
+    wait = WorkflowRunPending.objects.get(run_id=run_id)
+    past_deadline = now + timedelta(days=3, hours=1)
+    with registry.override(paying(2)):
+        resume_due_runs(now=past_deadline)
+    assert run_of(run_id).failure_reason == "workflow_definition_changed"
+
+    with registry.override(paying(1), paying(2)):
+        assert rerun_run(run_id)
+        row = WorkflowRunPending.objects.get(run_id=run_id)
+        assert (row.timeout_at, row.match_expr) == (wait.timeout_at, wait.match_expr)
+        assert WorkflowWaitKey.objects.filter(run_id=run_id).exists()  # still addressable
+        resume_due_runs(now=past_deadline)
+
+    assert run_of(run_id).status == "completed"
+    after = Event.objects.get(aggregate_id=event.aggregate_id, type="t.recorded")
+    assert after.payload["steps"] == {"paid": None}  # timed out, as it had
+    assert check().differences == []
+
+
+@pytest.mark.parametrize("version", [2**31, 2**63, 10**100, -1, 2.0, "2", None])
+def test_a_version_the_columns_cannot_hold_is_refused_at_definition(version):
+    with pytest.raises(WorkflowDefinitionError) as refused:
+        version_1(version=version)
+
+    assert str(refused.value) == (
+        f"workflow {NAME!r}: version must be an integer from 1 to 2147483647, got {version!r}"
+    )
+
+
+def test_the_highest_version_starts_resumes_and_finishes_its_runs_on_this_database(now, future):
+    with registry.override(version_1(version=MAX_VERSION)):
+        event, run_id = start(**{"for": future})
+        assert run_of(run_id).workflow_version == MAX_VERSION
+        drain(now, 2, 3)
+
+    assert (run_of(run_id).status, recorded(event)) == ("completed", ["before", "after"])
+    assert check().differences == []
+
+
 # --- explicit moves -------------------------------------------------------------------
 
 
@@ -451,6 +537,31 @@ def test_a_refused_migration_changes_nothing(now, future, declared, args, refusa
 
     assert refusal in str(refused.value)
     assert tables() == before
+    assert check().differences == []
+
+
+def test_a_run_queued_to_start_moves_to_the_first_step_and_blocks_no_other(now):
+    with registry.override(version_1(start="worker")):
+        waiting = [start()[1] for _ in range(3)]
+        drain(now, 0.1)  # they start in the worker and wait at step 1
+        queued_event, queued = start()  # queued, not started yet
+    assert {WorkflowRunPending.objects.get(run_id=r).step for r in waiting} == {"1"}
+    assert WorkflowRunPending.objects.get(run_id=queued).suspension_type == "queued"
+
+    # The mapping does not name step 0 (nor could a wait step resume a queued start).
+    with registry.override(version_2(migrates_from={1: {"1": "1"}})):
+        report = migrate_workflow_runs(NAME, 1, 2, dry_run=True)
+        out, _ = command("migrate_workflow_runs", NAME, "--from", "1", "--to", "2")
+        drain(now, 2, 3, 4)
+
+    assert (report.moved, report.queued, dict(report.steps)) == (4, 1, {("1", "1"): 3})
+    assert "  step 1 -> step 1: 3 run(s)" in out
+    assert "  queued to start -> step 0 of version 2: 1 run(s)" in out
+    assert "moved 4 waiting run(s) from version 1 to version 2" in out
+    # It started on version 2 from its first step: v2's added step ran.
+    assert recorded(queued_event) == ["before", "check", "after"]
+    for run_id in (*waiting, queued):
+        assert (run_of(run_id).status, run_of(run_id).workflow_version) == ("completed", 2)
     assert check().differences == []
 
 

@@ -154,6 +154,19 @@ def test_an_event_wakes_only_its_own_run_among_many():
 
 
 @pytest.mark.django_db
+def test_an_event_wakes_every_run_waiting_on_its_key_batch_after_batch(monkeypatch):
+    from kumiko_workflows import models
+
+    monkeypatch.setattr(models, "KEYED_BATCH", 2)  # five runs: three batches
+    runs = {_wait("same") for _ in range(5)}
+    event = append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "same"})
+    resume_due_runs()
+    woken = Event.objects.filter(type=et.WAKE_REQUESTED)
+    assert sorted(str(e.aggregate_id) for e in woken) == sorted(str(r) for r in runs)
+    assert {e.payload["awaited_event_id"] for e in woken} == {event.id}
+
+
+@pytest.mark.django_db
 def test_a_scanned_wait_is_still_woken():
     from kumiko_workflows.workflow.definition import registry
 

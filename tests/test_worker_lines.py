@@ -203,7 +203,7 @@ def test_now_makes_one_pass_at_that_instant(future):
 
     call_command("resume_due_runs", "--no-cron", verbosity=0)
     assert types_of(run_id)[-1] == et.WAITING
-    result = run_manage("resume_due_runs", "--no-cron", "--now", later)
+    result = run_manage("resume_due_runs", "--no-cron", "--now", later, "--write")
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("resume_due_runs: resumed=1 completed=1 ")

@@ -37,11 +37,17 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import import_callable, workflow_settings
+from kumiko_workflows.engine.resume import check_by
 from kumiko_workflows.engine.segment import start_run
 from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionConflict
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store import db
-from kumiko_workflows.store.events import append_event, engine_stream, name_problem
+from kumiko_workflows.store.events import (
+    append_event,
+    engine_stream,
+    joins_callers_transaction,
+    name_problem,
+)
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import (
     CronTrigger,
@@ -538,7 +544,10 @@ def _schedule(workflow_name: str, tenant_id: str | None) -> Schedule:
 def _set_paused(
     workflow_name: str, tenant_id: str | None, paused: bool, by: str, now: datetime | None
 ) -> bool:
+    check_by(by)
+    by = by or ""
     moment = _aware(now)
+    joins_callers_transaction("pause_schedule" if paused else "resume_schedule")
     for _ in range(_ATTEMPTS):
         schedule = _schedule(workflow_name, tenant_id)
         if schedule.paused == paused:
@@ -570,7 +579,8 @@ def pause_schedule(
     Slots that pass while it is paused never fire, whatever its catch-up
     policy. Returns False if it was paused already. ``by`` says who, in the
     event. Raises :class:`InvalidArgument` for a name that is not a
-    registered cron workflow or a tenant not among ``CRON_TENANTS``.
+    registered cron workflow, a tenant not among ``CRON_TENANTS`` or a
+    ``by`` the event store would refuse (as ``cancel_run`` does).
     """
     return _set_paused(workflow_name, tenant_id, True, by, now)
 
@@ -603,6 +613,8 @@ def fire_schedule_now(
     ``workflow.schedule.fired-now`` event: its ``slot`` is the instant it
     fired, ``by`` who fired it.
     """
+    check_by(by)
+    by = by or ""
     moment = _aware(now)
     if key is not None and (
         not isinstance(key, str) or not 0 < len(key) <= 100 or text_problem(key, controls=False)
@@ -610,6 +622,7 @@ def fire_schedule_now(
         raise InvalidArgument(
             f"fire_schedule_now key must be 1-100 characters of text, got {key!r}"
         )
+    joins_callers_transaction("fire_schedule_now")
     run_key = f"now:{uuid.uuid4().hex if key is None else key}"
     schedule = _schedule(workflow_name, tenant_id)
     run_id = run_id_for(workflow_name, run_key, schedule.tenant_id)

@@ -23,15 +23,16 @@ from kumiko_workflows.workflow.definition import CronTrigger, registry
 logger = logging.getLogger("kumiko_workflows.purge")
 
 
-def keeps_key(workflow_name: str) -> bool:
-    """Whether a run of the workflow may be started again with the same id.
+def keeps_key(workflow_name: str, version: int | None) -> bool:
+    """Whether a run of the workflow at ``version`` may be started again with the same id.
 
-    A workflow without an ``idempotency_key`` starts every run with a new
+    A version without an ``idempotency_key`` starts every run with a new
     random key: no trigger can address a purged run of it again, so it needs
-    no tombstone. Every other run does (also of a workflow no longer
-    registered: what it was is unknown).
+    no tombstone. Every other run does, whichever version new runs start on
+    now (a rollback may make an older one the newest again); so does a run
+    of a version no longer declared, or not recorded: what it was is unknown.
     """
-    workflow = registry.get(workflow_name)
+    workflow = None if version is None else registry.get(workflow_name, version)
     if workflow is None:
         return True
     return workflow.idempotency_key is not None or isinstance(workflow.trigger, CronTrigger)
@@ -55,7 +56,8 @@ def refuse_purged_runs(event: Event, replaying: bool) -> None:
     if event.type == et.RUN_STARTED:
         if workflow_settings.REUSE_PURGED_KEYS:
             return
-        if not keeps_key(str(event.payload.get("workflow_name", ""))):
+        payload = event.payload
+        if not keeps_key(str(payload.get("workflow_name", "")), payload.get("workflow_version")):
             return
         if db.is_purged(event.tenant_id, event.aggregate_id):
             logger.info(

@@ -27,7 +27,12 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
-from kumiko_workflows.engine.wakeups import decide_waiting_checks, event_ending
+from kumiko_workflows.engine.wakeups import (
+    decide_waiting_checks,
+    event_ending,
+    suspended_on_event,
+    wake_by_look_back,
+)
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     RunNotFound,
@@ -45,7 +50,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.store import db
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
-from kumiko_workflows.store.events import name_problem
+from kumiko_workflows.store.events import joins_callers_transaction, name_problem
 from kumiko_workflows.store.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
@@ -174,6 +179,7 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
             Failure(DEFINITION_CHANGED, row.step, changed, detail=changed),
             state=row.state,
             retry_from=row.step,
+            suspension=suspensions.standing(row),
         )
         return "failed", False
 
@@ -217,6 +223,7 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
     events = Event.objects.filter(tenant_id=row.tenant_id).in_bulk(wanted) if wanted else {}
 
     unavailable: Failure | None = None
+    awaited_gone = False
     if trigger is None:
         unavailable = Failure(
             TRIGGER_EVENT_UNAVAILABLE,
@@ -227,8 +234,16 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         unavailable = Failure(
             AWAITED_EVENT_UNAVAILABLE, row.step, f"the awaited event #{min(missing)} is gone"
         )
+        awaited_gone = row.awaited_event_id in missing
     if unavailable is not None:
-        fail_opened(stream, opening, unavailable, state=state, retry_from=row.step)
+        fail_opened(
+            stream,
+            opening,
+            unavailable,
+            state=state,
+            retry_from=row.step,
+            suspension=suspensions.standing(row, awaited_gone=awaited_gone),
+        )
         return "failed", True
     assert trigger is not None
 
@@ -470,7 +485,13 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
             exc,
         )
         with db.atomic():
-            fail_run(RunStream.of_pending(row), failure, state=row.state, retry_from=row.step)
+            fail_run(
+                RunStream.of_pending(row),
+                failure,
+                state=row.state,
+                retry_from=row.step,
+                suspension=suspensions.standing(row),
+            )
     except Exception:
         if db.connection_broken():
             raise
@@ -501,7 +522,9 @@ def _append_to_run(
     type: str,
     payload: Callable[[WorkflowRun], dict[str, Any]],
     created_by: str | None,
+    then: Callable[[WorkflowRun], None] | None = None,
 ) -> bool:
+    """Append ``type`` to an ``eligible`` run's stream; ``then`` follows in its transaction."""
     for _ in range(5):
         run = find_run(run_id)
         if not eligible(run):
@@ -525,6 +548,8 @@ def _append_to_run(
                     )
                 )
                 stream.append(type, payload(run), created_by=created_by or "")
+                if then is not None:
+                    then(run)
         except VersionConflict:
             telemetry.conflict("operation")
             continue  # the run moved (a worker resumed it): look again
@@ -555,6 +580,7 @@ def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> b
     if problem:
         raise InvalidArgument(f"reason {problem}")
     check_by(by)
+    joins_callers_transaction("cancel_run")
     return _append_to_run(
         run_id,
         lambda run: run.status not in SETTLED_STATUSES,
@@ -571,6 +597,7 @@ def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     for a ``by`` the event store would refuse.
     """
     check_by(by)
+    joins_callers_transaction("wake_run")
     return _append_to_run(
         run_id,
         lambda run: run.status == RunStatus.WAITING,
@@ -580,16 +607,22 @@ def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     )
 
 
-def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
-    """Run a failed run again from where its failed attempt began.
+def rerun_refusal(run: WorkflowRun) -> str | None:
+    """Why :func:`rerun_run` would refuse ``run`` as read, or None: what the run page offers."""
+    try:
+        _rerun_basis(run)
+    except RunNotRerunnable as exc:
+        return str(exc)
+    return None
 
-    The steps of that attempt were rolled back with the failure, so they run
-    again. Raises :class:`RunNotRerunnable` when the run is not failed or its
-    workflow's definition changed since it started, :class:`InvalidArgument`
-    for a ``by`` the event store would refuse.
+
+def _rerun_basis(run: WorkflowRun) -> tuple[Workflow, Event]:
+    """The definition a rerun of ``run`` runs on and the failure it starts from.
+
+    Raises :class:`RunNotRerunnable` when the run is not failed, its
+    workflow's definition changed since it started, or it failed before its
+    first step (a failure records where a rerun starts as "retry_from").
     """
-    check_by(by)
-    run = find_run(run_id)
     if run.status != RunStatus.FAILED:
         raise RunNotRerunnable(f"run {run.run_id} is {run.status}, not failed")
     # A rerun keeps the run's version: that version's code must still be declared, unchanged.
@@ -606,13 +639,33 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
         .order_by("-version")
         .first()
     )
-    # The failure records where a rerun starts under the payload key "retry_from".
-    rerun_from = failed.payload.get("retry_from") if failed else None
-    if rerun_from is None:
+    if failed is None or failed.payload.get("retry_from") is None:
         raise RunNotRerunnable(f"run {run.run_id} failed before its first step could run")
+    return workflow, failed
 
-    assert failed is not None  # rerun_from came from it
+
+def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+    """Run a failed run again from where its failed attempt began.
+
+    The steps of that attempt were rolled back with the failure, so they run
+    again. A run that failed resuming a suspension (its version was not
+    declared, an event it needs was gone, the resume raised on every pass)
+    resumes that suspension as it was instead: a wait keeps its deadline
+    (one already passed resumes at once), a ``wait_for_event`` its timeout
+    and its match, and an event that arrived meanwhile is looked back for
+    as when it suspended. Raises :class:`RunNotRerunnable` when the run is
+    not failed or its workflow's definition changed since it started,
+    :class:`InvalidArgument` for a ``by`` the event store would refuse.
+    """
+    check_by(by)
+    joins_callers_transaction("rerun_run")
+    run = find_run(run_id)
+    workflow, failed = _rerun_basis(run)
+    rerun_from = failed.payload["retry_from"]
     version = workflow.version
+    # Written by failures at a suspension's resume (absent from older ones).
+    suspension = failed.payload.get("suspension")
+    kept = {"suspension": suspension} if suspension else {}
 
     def payload(current: WorkflowRun) -> dict[str, Any]:
         return {
@@ -623,14 +676,23 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
             "trigger_event_id": current.trigger_event_id,
             "state": failed.payload.get("state") or {},
             "by": by or "",
+            **kept,
         }
 
+    def look_back(current: WorkflowRun) -> None:
+        # A wait for an event, resumed: an event appended while the run was
+        # failed ends it, found as when the wait first suspended.
+        wake_by_look_back(current.tenant_id, current.run_id)
+        suspended_on_event(current.tenant_id, current.run_id)
+
+    waits = bool(suspension) and suspension.get("suspension_type") == SuspensionType.EVENT
     return _append_to_run(
         run.run_id,
         lambda current: current.status == RunStatus.FAILED,
         et.RERUN_REQUESTED,
         payload,
         by,
+        then=look_back if waits else None,
     )
 
 

@@ -389,6 +389,8 @@ def _complete(workflow: Workflow, stream: RunStream, ctx: RunContext) -> None:
     """
     payload = {
         "workflow_name": workflow.name,
+        # Names the run's version for its signal's sender without a lookup.
+        "workflow_version": workflow.version,
         "step_count": len(workflow.steps),
         "state": ctx.snapshot(),
     }
@@ -428,10 +430,11 @@ def fail_opened(
     *,
     state: dict[str, Any] | None,
     retry_from: str | None,
+    suspension: dict[str, Any] | None = None,
 ) -> Event:
     """Append ``opening``, then ``workflow.run-failed``: a segment failed before any step ran."""
     stream.append(*opening)
-    return fail_run(stream, failure, state=state, retry_from=retry_from)
+    return fail_run(stream, failure, state=state, retry_from=retry_from, suspension=suspension)
 
 
 # --- starting runs from trigger events --------------------------------------

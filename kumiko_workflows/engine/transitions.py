@@ -1,30 +1,51 @@
-"""Sending the run signals (:mod:`kumiko_workflows.signals`) once their transaction commits.
+"""Sending the run signals (:mod:`kumiko_workflows.signals`): at least once, after commit.
 
 A reaction to run events, registered with the projections (never
-replayed): for each transition a receiver listens to, it registers a
-callback with the engine's ``on_commit``. Django drops a callback whose
-savepoint or transaction rolls back, so a transition undone (a caller's
-rollback around an inline start, a failing step's savepoint around a run it
-started, a worker's batch rolled back after an engine error) sends nothing,
-and the transition written again later sends once, when that commits.
+replayed). For each transition a receiver listens to, it writes a
+:class:`~kumiko_workflows.models.SignalDelivery` row in the transition's
+own transaction and registers a callback with the engine's ``on_commit``
+that calls the receivers and then deletes the row. Django drops a callback
+whose savepoint or transaction rolls back, and the database drops the row
+with it, so a transition undone (a caller's rollback around an inline
+start, a failing step's savepoint around a run it started, a worker's
+batch rolled back after an engine error) sends nothing, and the transition
+written again later sends when that commits.
+
+A process that dies between its commit and the row's deletion leaves the
+row behind; a resume worker's pass delivers it again
+(:func:`deliver_leftovers`): so every committed transition reaches its
+receivers at least once, and a repeat carries the same ``delivery_id``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models.functions import Now
 from django.dispatch import Signal
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows import signals
-from kumiko_workflows.models import Event
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.models import Event, SignalDelivery, WorkflowRun
 from kumiko_workflows.store import db
 from kumiko_workflows.workflow import suspensions
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.definition import Workflow, registry
 
 logger = logging.getLogger("kumiko_workflows.signals")
+
+#: Leftover deliveries one worker pass takes at most; the next pass takes more.
+LEFTOVERS_PER_PASS = 100
 
 
 def _started(event: Event) -> dict[str, Any]:
@@ -74,36 +95,188 @@ SIGNALS: dict[str, tuple[Signal, Callable[[Event], dict[str, Any]]]] = {
 HANDLED = frozenset(SIGNALS)
 
 
+def sender_of(event: Event) -> Workflow | None:
+    """The definition of the run's own version (not the newest), or None if not declared.
+
+    The version comes from the event where it records it, else from the
+    run's status row (which the run-status projection has already brought
+    up to this event, in the same transaction).
+    """
+    payload = event.payload
+    version = payload.get("workflow_version")
+    fingerprint = payload.get("definition_fingerprint")
+    if version is None:
+        row = (
+            WorkflowRun.objects.filter(run_id=event.aggregate_id)
+            .values_list("workflow_version", "definition_fingerprint")
+            .first()
+        )
+        if row is not None:
+            version, fingerprint = row[0], fingerprint or row[1]
+    return registry.of_run(payload.get("workflow_name", ""), version, fingerprint or "")
+
+
+# --- who delivers ----------------------------------------------------------------
+
+_HOST = socket.gethostname()[:255]
+_me: tuple[int, str] | None = None
+
+
+def owner() -> str:
+    """This process's name on the rows it delivers: ``host:pid:token``.
+
+    The token tells this process from an earlier one with the same host and
+    pid (a restarted container); it is new after a fork.
+    """
+    global _me
+    pid = os.getpid()
+    if _me is None or _me[0] != pid:
+        _me = (pid, f"{_HOST}:{pid}:{uuid.uuid4().hex[:12]}")
+    return _me[1]
+
+
+def _owner_gone(name: str) -> bool:
+    """Whether the process named ``name`` has ended, as far as this host can tell.
+
+    Only a process of this host can be seen to have ended (its pid is free,
+    or it is this pid with another token); another host's rows wait for
+    ``SIGNAL_REDELIVERY_SECONDS``.
+    """
+    host, _, rest = name.partition(":")
+    pid_text, _, _ = rest.partition(":")
+    if host != _HOST or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return name != owner()
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's), or cannot be asked
+        return False
+    return False
+
+
+# --- pacing: the worker's heartbeat between deliveries -----------------------------
+
+_pacer: ContextVar[Callable[[], None] | None] = ContextVar("kumiko_signal_pacer", default=None)
+
+
+@contextmanager
+def paced(beat: Callable[[], None] | None) -> Iterator[None]:
+    """Call ``beat`` before each receiver during the block (a worker's heartbeat).
+
+    However long receivers take in all, the worker's heartbeat is never
+    further behind than one receiver call. ``beat`` is expected to limit
+    its own rate; an error it raises is logged and ignored here (the pass's
+    own heartbeat reports it).
+    """
+    token = _pacer.set(beat)
+    try:
+        yield
+    finally:
+        _pacer.reset(token)
+
+
+def _pace() -> None:
+    beat = _pacer.get()
+    if beat is None:
+        return
+    try:
+        beat()
+    except Exception as exc:
+        logger.debug("heartbeat between signal deliveries failed: %s", exc)
+
+
+# --- delivering --------------------------------------------------------------------
+
+
 def announce(event: Event, replaying: bool) -> None:
-    """Send ``event``'s signal after commit, if anyone listens to it (never on a replay)."""
+    """Record ``event``'s signal for delivery after commit, if anyone listens to it.
+
+    Never on a replay. The common case, no receiver, costs one lookup; a
+    listened-to transition costs one INSERT in its transaction and one
+    DELETE after the receivers ran (which waits for no disk flush: see
+    :func:`~kumiko_workflows.store.db.delete_signal_delivery`).
+    """
     if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE:
         return
-    signal, arguments = SIGNALS[event.type]
+    signal, _ = SIGNALS[event.type]
     if not signal.receivers:
-        return  # the common case costs one lookup
-    workflow_name = event.payload.get("workflow_name", "")
-    sender = registry.get(workflow_name)
+        return
+    sender = sender_of(event)
     if not signal.has_listeners(sender):
         return
+    db.add_signal_delivery(event.id, event.tenant_id, owner())
+    db.on_commit(lambda: _deliver(event, sender), robust=True)
+
+
+def _deliver(event: Event, sender: Workflow | None) -> None:
+    """Call every receiver of ``event``'s signal, then delete its delivery row."""
+    signal, arguments = SIGNALS[event.type]
     kwargs = {
         "run_id": event.aggregate_id,
-        "workflow_name": workflow_name,
+        "workflow_name": event.payload.get("workflow_name", ""),
         "tenant_id": event.tenant_id,
         "event": event,
+        "delivery_id": event.id,
         **arguments(event),
     }
-    db.on_commit(lambda: _send(signal, sender, kwargs), robust=True)
-
-
-def _send(signal: Signal, sender: Any, kwargs: dict[str, Any]) -> None:
-    for receiver, response in signal.send_robust(sender, **kwargs):
-        if isinstance(response, Exception):
+    sync_receivers, async_receivers = signal._live_receivers(sender)
+    calls = [*sync_receivers, *(async_to_sync(r) for r in async_receivers)]
+    for receiver in calls:
+        _pace()
+        try:
+            receiver(signal=signal, sender=sender, **kwargs)
+        except Exception as exc:
+            # Logged here, once, with the run (not by Django's send_robust as well).
             logger.error(
                 "run=%s workflow=%s event=%s: signal receiver %r raised %s",
                 kwargs["run_id"],
                 kwargs["workflow_name"],
-                kwargs["event"].type,
+                event.type,
                 receiver,
-                type(response).__name__,
-                exc_info=response,
+                type(exc).__name__,
+                exc_info=exc,
             )
+    db.delete_signal_delivery(event.id)
+
+
+def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
+    """Deliver signals a process committed but did not finish delivering; return how many.
+
+    A row is left over when its owner has ended (seen from this host), or
+    when it was taken more than ``SIGNAL_REDELIVERY_SECONDS`` ago by the
+    database's clock; a live process's fresh rows are left to it. Rows are
+    taken with ``FOR UPDATE SKIP LOCKED`` and leased to this process (a
+    worker killed while delivering them leaves them over again), then
+    delivered outside any transaction, as after a commit. Refused (0) inside
+    an atomic block, whose own uncommitted rows it would see.
+    """
+    if db.engine().in_atomic_block:
+        return 0
+    grace = timedelta(seconds=float(workflow_settings.SIGNAL_REDELIVERY_SECONDS))
+    expired = Q(leased_at__lt=Now() - grace)
+    with db.atomic():
+        candidates = list(
+            SignalDelivery.objects.select_for_update(skip_locked=True)
+            .filter(expired | Q(owner__startswith=f"{_HOST}:"))
+            .annotate(expired=ExpressionWrapper(expired, output_field=BooleanField()))
+            .order_by("event_id")
+            .values_list("event_id", "owner", "expired")[:limit]
+        )
+        taken = [pk for pk, name, old in candidates if old or _owner_gone(name)]
+        if not taken:
+            return 0
+        SignalDelivery.objects.filter(event_id__in=taken).update(owner=owner(), leased_at=Now())
+    events = Event.objects.in_bulk(taken)
+    for pk in taken:
+        event = events.get(pk)
+        if event is None or event.type not in SIGNALS:
+            logger.warning("the signal of event #%s is not delivered: the event is gone", pk)
+            db.delete_signal_delivery(pk)
+            continue
+        logger.info("delivering the signal of event #%s again (%s)", pk, event.type)
+        _deliver(event, sender_of(event))
+    return len(taken)

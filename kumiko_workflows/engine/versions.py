@@ -37,13 +37,15 @@ class MigrationReport:
     workflow_name: str
     from_version: int
     to_version: int
-    #: (old step, new step) -> runs moved between them.
+    #: (old step, new step) -> waiting runs moved between them.
     steps: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: Runs queued to start (``start="worker"``), moved to the new version's first step.
+    queued: int = 0
     dry_run: bool = False
 
     @property
     def moved(self) -> int:
-        return sum(self.steps.values())
+        return sum(self.steps.values()) + self.queued
 
 
 def _version(value: Any, what: str) -> int:
@@ -70,10 +72,17 @@ def _mapping(name: str, from_version: int, to_version: int) -> tuple[Workflow, d
     return target, mapping
 
 
+def _queued(row: WorkflowRunPending) -> bool:
+    """A run queued to start in a worker: it has run no step, so it can start on any version."""
+    return row.suspension_type == suspensions.QUEUED.suspension_type
+
+
 def _refusal(
     row: WorkflowRunPending, target: Workflow, from_version: int, mapping: dict[str, str]
 ) -> str | None:
     """Why the run of ``row`` cannot continue in ``target``, or None."""
+    if _queued(row):
+        return None
     new = mapping.get(row.step)
     if new is None:
         return (
@@ -114,7 +123,10 @@ def migrate_workflow_runs(
     {old step position: new step position}}``. Each waiting run (of one
     tenant, or all) gets ``workflow.run-migrated`` in its stream and
     resumes on ``to_version`` at the mapped step, with its wait (deadline,
-    awaited event, results so far) unchanged. All or nothing, in one
+    awaited event, results so far) unchanged. A run queued to start in a
+    worker (``start="worker"``) and not started yet has run no step: it
+    moves too, to the first step of ``to_version`` (the mapping is not
+    asked), and never refuses the move. All or nothing, in one
     transaction: if any run waits at a step the mapping leaves out, or maps
     to a step that cannot continue its wait, :class:`MigrationRefused`
     names them and no run moves. ``dry_run`` checks and counts only.
@@ -159,8 +171,12 @@ def migrate_workflow_runs(
                 f"{to_version}: {reasons}. No run was moved."
             )
         for row in rows:
-            new = mapping[row.step]
-            report.steps[(row.step, new)] += 1
+            if _queued(row):
+                new = "0"  # it starts on the new version from the beginning
+                report.queued += 1
+            else:
+                new = mapping[row.step]
+                report.steps[(row.step, new)] += 1
             if dry_run:
                 continue
             stream = RunStream(

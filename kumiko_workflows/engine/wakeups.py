@@ -28,8 +28,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
-
 from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import InvalidEvent, InvalidMatchExpression, VersionConflict
 from kumiko_workflows.models import Event, SuspensionType, WakeCheck, WorkflowRunPending
@@ -96,18 +94,25 @@ def look_back(
     keys = matching.required_keys(expression)
     if keys is not None and not keys:
         return None  # the match requires one of no values: nothing can match
-    candidates = Event.objects.of_type_after(tenant_id, event_type, after_id)
-    if until is not None:
-        candidates = candidates.filter(created_at__lte=until)
-    if taken:
-        candidates = candidates.exclude(id__in=taken)
+    candidates: Iterable[Event]
     if keys is not None and db.has_payload_containment():
-        offers = Q()
-        for path, value in keys:
-            offers |= Q(payload__contains=_containing(json.loads(path), json.loads(value)))
-        # Spelled as the partial index's predicate, so the planner may use it.
-        candidates = candidates.filter(offers).exclude(aggregate_type__in=_ENGINE_AGGREGATE_TYPES)
-    for event in candidates.only("id", "payload", "created_at").iterator(chunk_size=200):
+        candidates = db.keyed_events(
+            tenant_id,
+            event_type,
+            after_id,
+            [_containing(json.loads(path), json.loads(value)) for path, value in sorted(keys)],
+            until=until,
+            taken=sorted(taken),
+            engine_types=_ENGINE_AGGREGATE_TYPES,
+        )
+    else:
+        found = Event.objects.of_type_after(tenant_id, event_type, after_id)
+        if until is not None:
+            found = found.filter(created_at__lte=until)
+        if taken:
+            found = found.exclude(id__in=taken)
+        candidates = found.only("id", "payload", "created_at").iterator(chunk_size=200)
+    for event in candidates:
         if matching.matches(expression, event.payload):
             return event
     return None

@@ -20,6 +20,7 @@ import os
 import select
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,11 +36,14 @@ except ImportError:  # pragma: no cover - not POSIX: no lock (nor signals, nor s
 
 from django.db import DatabaseError, InterfaceError, close_old_connections
 from django.db.models import Min
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.engine import transitions
 from kumiko_workflows.engine.cron import fire_due_schedules
+from kumiko_workflows.engine.rehearsal import Rehearsal, rehearse
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
 from kumiko_workflows.exceptions import WorkerAlreadyRunning
 from kumiko_workflows.models import WorkerHeartbeat, WorkflowRunPending
@@ -62,6 +66,8 @@ class PassResult:
     report: ResumeReport
     fired: int = 0
     cron_errors: int = 0
+    #: Signals left over by a process that died, delivered again by this pass.
+    redelivered: int = 0
     started_at: datetime = field(default_factory=timezone.now)
 
     @property
@@ -72,7 +78,9 @@ class PassResult:
     def idle(self) -> bool:
         """Nothing happened that this worker did: no run resumed or failed, no error, no slot."""
         report = self.report
-        return not (report.resumed or report.failed or self.errors or self.fired)
+        return not (
+            report.resumed or report.failed or self.errors or self.fired or self.redelivered
+        )
 
     def __str__(self) -> str:
         return f"{self.report} fired={self.fired}"
@@ -194,12 +202,17 @@ class Listener:
 class Heartbeat:
     """The worker's row of :class:`~kumiko_workflows.models.WorkerHeartbeat`.
 
-    Written at the start of a pass, at most every :data:`HEARTBEAT_SECONDS`:
+    Written at the start of a pass and between signal deliveries (see
+    :meth:`Worker._beat`), at most every :data:`HEARTBEAT_SECONDS`:
     one UPDATE of the worker's own row (an INSERT the first time). Its
-    instants are the real time, not the engine's clock: orchestrators read
-    them. A heartbeat that cannot be written (the table not migrated yet)
-    is logged once and never stops the worker; a broken connection is raised
-    like any other, so the worker backs off.
+    instants are the database's clock (``Now()`` in the statement), neither
+    the engine's (a test's virtual time) nor this process's: they are
+    judged against that clock by another process (``workflow_status
+    --check``), and a worker whose own clock is off would otherwise look
+    dead while it runs, or alive long after it died. A heartbeat that
+    cannot be written (the table not migrated yet) is logged once and never
+    stops the worker; a broken connection is raised like any other, so the
+    worker backs off.
     """
 
     def __init__(self, tenants: Sequence[str], loop: bool) -> None:
@@ -207,7 +220,6 @@ class Heartbeat:
         self.name = f"{self.hostname}:{os.getpid()}"
         self.tenants = list(tenants)
         self.loop = loop
-        self.started_at = timezone.now()
         self._pk: int | None = None
         self._last: float | None = None
         self._warned = False
@@ -217,7 +229,7 @@ class Heartbeat:
             return
         self._last = time.monotonic()
         try:
-            self._write(timezone.now())
+            self._write()
         except CONNECTION_ERRORS as exc:
             if db.connection_broken():
                 raise
@@ -230,13 +242,13 @@ class Heartbeat:
                     str(exc).strip().splitlines()[0] if str(exc) else "",
                 )
 
-    def _write(self, now: datetime) -> None:
+    def _write(self) -> None:
         # In a block of its own: a refused statement never spoils a caller's transaction.
         with db.atomic():
             rows = WorkerHeartbeat.objects.filter(pk=self._pk) if self._pk is not None else None
-            if rows is not None and rows.update(seen_at=now):
+            if rows is not None and rows.update(seen_at=Now()):
                 return
-            WorkerHeartbeat.objects.filter(seen_at__lt=now - HEARTBEAT_KEPT).delete()
+            WorkerHeartbeat.objects.filter(seen_at__lt=Now() - HEARTBEAT_KEPT).delete()
             row, _ = WorkerHeartbeat.objects.update_or_create(
                 name=self.name,
                 defaults={
@@ -244,8 +256,8 @@ class Heartbeat:
                     "pid": os.getpid(),
                     "tenants": self.tenants,
                     "loop": self.loop,
-                    "started_at": self.started_at,
-                    "seen_at": now,
+                    "started_at": Now(),
+                    "seen_at": Now(),
                 },
             )
         self._pk = row.pk
@@ -293,6 +305,9 @@ class Worker:
         self.passes = 0
         self.errors = 0
         self._wakeup_r: int | None = None
+        self._wakeup_w: int | None = None
+        self._wakeup_lock = threading.Lock()
+        self._signalled = False
         self.heartbeat = Heartbeat(self.tenants, loop) if heartbeat else None
 
     @property
@@ -331,15 +346,27 @@ class Worker:
 
     def run_single_pass(self, now: datetime | None = None) -> PassResult:
         """One pass as a worker of its own: on SQLite, refused while another one runs."""
-        with exclusive():
+        with exclusive(), transitions.paced(self._beat):
             return self.run_once(now)
 
-    def run_once(self, now: datetime | None = None) -> PassResult:
-        if self.heartbeat is not None:
-            self.heartbeat.beat()
-        fired = cron_errors = 0
-        if self.cron:
+    def rehearse(self, now: datetime | None = None) -> Rehearsal[PassResult]:
+        """One pass rolled back at its end: what it would do, written nothing (``--dry-run``)."""
+        with exclusive():
+            return rehearse(lambda: self.run_once(now))
 
+    def run_once(self, now: datetime | None = None) -> PassResult:
+        self._beat()
+        fired = cron_errors = 0
+        # Signals a dead process committed but did not deliver, before new work.
+        redelivered = 0
+        try:
+            redelivered = transitions.deliver_leftovers()
+        except Exception:
+            if db.connection_broken():
+                raise
+            # Not migrated yet, or a bug: resuming goes on all the same.
+            logger.exception("left-over signals could not be delivered")
+        if self.cron:
             try:
                 fired = fire_due_schedules(now=now)
             except CONNECTION_ERRORS:
@@ -369,7 +396,7 @@ class Worker:
         self.passes += 1
         self.errors += report.errors
         self.errors += cron_errors
-        result = PassResult(report, fired, cron_errors)
+        result = PassResult(report, fired, cron_errors, redelivered)
         telemetry.worker_pass(report.errors, cron_errors)
         self.on_pass(result)
         return result
@@ -378,7 +405,7 @@ class Worker:
 
     def run_forever(self) -> None:
         """Run passes until signalled (or ``max_runs``); refused on SQLite while another runs."""
-        with exclusive():
+        with exclusive(), transitions.paced(self._beat):
             self._loop()
 
     def _loop(self) -> None:
@@ -419,7 +446,7 @@ class Worker:
                 backoff = 1.0
                 if self.stopping or self._done():
                     break
-                if result.report.resumed or result.fired:
+                if result.report.resumed or result.fired or result.redelivered:
                     continue  # progress was made: more may be due right away
                 self._sleep(self._sleep_seconds(), listener)
         finally:
@@ -428,6 +455,12 @@ class Worker:
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             self._restore_signals()
+
+    def _beat(self) -> None:
+        """A heartbeat at most every :data:`HEARTBEAT_SECONDS`: at each pass, and between
+        signal deliveries (so slow receivers never make a live worker look dead)."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
 
     def _done(self) -> bool:
         return self.max_runs is not None and self.handled >= self.max_runs
@@ -500,17 +533,31 @@ class Worker:
     def _restore_signals(self) -> None:
         for signum, handler in getattr(self, "_previous", {}).items():
             signal.signal(signum, handler)
-        if self._wakeup_r is not None:
-            signal.set_wakeup_fd(self._previous_wakeup)
-            os.close(self._wakeup_r)
-            os.close(self._wakeup_w)
-            self._wakeup_r = None
+        with self._wakeup_lock:  # not while stop() writes to the pipe
+            if self._wakeup_r is not None and self._wakeup_w is not None:
+                signal.set_wakeup_fd(self._previous_wakeup)
+                os.close(self._wakeup_r)
+                os.close(self._wakeup_w)
+                self._wakeup_r = self._wakeup_w = None
+
+    def stop(self) -> None:
+        """Finish the current run, then leave the loop, as a first SIGTERM does; from any thread.
+
+        ``--reload`` calls it from the thread that watches the files.
+        """
+        self.stopping = True
+        with self._wakeup_lock:
+            if self._wakeup_w is not None:
+                try:
+                    os.write(self._wakeup_w, b"\0")  # ends the loop's sleep
+                except BlockingIOError:
+                    pass  # the pipe is full: the loop wakes anyway
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping:
+        if self._signalled:
             logger.warning("second %s: exiting now", signal.Signals(signum).name)
             raise SystemExit(1)
-        self.stopping = True
+        self._signalled = self.stopping = True
         logger.warning(
             "%s received: finishing the current run, then exiting (send again to force)",
             signal.Signals(signum).name,

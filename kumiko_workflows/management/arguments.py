@@ -1,10 +1,15 @@
-"""Argument types shared by the management commands (argparse ``type=``)."""
+"""Argument types shared by the management commands (argparse ``type=``), and refusals."""
 
 from __future__ import annotations
 
 import math
 from argparse import ArgumentTypeError
 from datetime import datetime
+
+from django.core.management.base import CommandError
+
+from kumiko_workflows.store.events import name_problem
+from kumiko_workflows.workflow import clock
 
 
 def positive_int(text: str) -> int:
@@ -47,3 +52,32 @@ def seconds_or_off(text: str) -> float | None:
     if text.strip().lower() == "off":
         return None
     return positive_float(text)
+
+
+def refuse_writing_rehearsal(now: datetime | None, dry_run: bool, write: bool) -> None:
+    """Refuse a pass at a future ``--now`` that would write, unless ``--write`` says so.
+
+    Such a pass does for real what is not due yet (a reminder sent days
+    early, a future cron slot fired, after which the schedule's catch-up
+    rule skips the real slots in between). A ``--now`` in the past is
+    allowed: it only resumes less than a pass now would.
+    """
+    if dry_run and write:
+        raise CommandError("--dry-run writes nothing and --write writes: give one of them")
+    current = clock.now()
+    if write and (now is None or now <= current):
+        raise CommandError("--write goes with a --now later than the current time")
+    if now is not None and now > current and not (dry_run or write):
+        raise CommandError(
+            f"--now {now.isoformat()} is later than the current time "
+            f"({current.isoformat(timespec='seconds')}): a pass then would do for real what is "
+            "not due yet (resume runs early, fire future cron slots and move their schedules "
+            "past the real slots in between). Add --dry-run to see what it would do and write "
+            "nothing, or --write to write it anyway"
+        )
+def tenant_id(text: str) -> str:
+    """A tenant id the event store accepts: 1-100 characters, no control character."""
+    problem = name_problem(text, "tenant_id")
+    if problem:
+        raise ArgumentTypeError(f"{text!r}: a tenant id {problem}")
+    return text

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.engine import wakeups
-from kumiko_workflows.engine.resume import max_resume_errors
+from kumiko_workflows.engine.resume import max_resume_errors, rerun_refusal
 from kumiko_workflows.models import (
     Event,
     RunStatus,
@@ -175,7 +175,19 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
             return f"the awaited event #{get('awaited_event_id')} arrived"
         return "woken by hand: due now"
     if type == et.RERUN_REQUESTED:
-        return "runs again from where the failed attempt began"
+        kept = get("suspension")
+        if not isinstance(kept, dict):
+            return "runs again from where the failed attempt began"
+        kind = kept.get("suspension_type")
+        if kind == "event":
+            deadline = _instant(kept.get("timeout_at")) if kept.get("timeout_at") else "none"
+            return f"resumes its wait for the event as it was; deadline {deadline}"
+        if kind == "retry":
+            return (
+                f"resumes its retry backoff as it was: attempt "
+                f"{(kept.get('retry_attempt') or 0) + 1} at {_instant(kept.get('wake_at'))}"
+            )
+        return f"resumes its wait as it was, until {_instant(kept.get('wake_at'))}"
     return short_payload(payload, type=type)
 
 
@@ -263,6 +275,10 @@ class Explanation:
     late_by: timedelta | None = None
     #: What the error text is the error of: "Last error (attempt 1 of 3)".
     error_heading: str = "Last error"
+    #: A failed run that :func:`~kumiko_workflows.engine.resume.rerun_run` would take.
+    rerunnable: bool = False
+    #: The run changed after it was read: what this says is of the run as read.
+    moved: bool = False
 
 
 def pending_row(run: WorkflowRun) -> WorkflowRunPending | None:
@@ -354,23 +370,21 @@ def _explain_failed(run: WorkflowRun) -> Explanation:
     most = failed.payload.get("max_attempts") if failed else None
     if run.retry_attempt and most:
         facts.append(("Attempt", f"{run.retry_attempt} of {most}: the retry gave up"))
-    workflow = registry.of_run(run.workflow_name, run.workflow_version, run.definition_fingerprint)
-    if workflow is None:
-        facts.append(
-            (
-                "Rerun",
-                f"not possible: workflow {run.workflow_name!r} {_version(run)}is not declared",
-            )
+    refusal = rerun_refusal(run)
+    facts.append(
+        (
+            "Rerun",
+            f"not possible: {refusal}"
+            if refusal
+            else "possible: it re-enters the step where the failed attempt began",
         )
-    elif workflow.fingerprint != run.definition_fingerprint:
-        facts.append(("Rerun", "not possible: the workflow's definition changed since it started"))
-    else:
-        facts.append(("Rerun", "possible: it re-enters the step where the failed attempt began"))
+    )
     return Explanation(
         "Failed.",
         facts,
         error_text=run.last_error,
         error_heading=_error_heading(run.retry_attempt if most else 0, most),
+        rerunnable=refusal is None,
     )
 
 
@@ -406,8 +420,21 @@ def _near_miss(row: WorkflowRunPending) -> list[tuple[str, str]]:
     ]
 
 
+def _moved(run: WorkflowRun) -> bool:
+    """Whether the run's stream has events after the version its row was read at."""
+    stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
+    return stream.filter(version__gt=run.version).exists()
+
+
 def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     row = pending_row(run)
+    if (row is None or row.run_version != run.version) and _moved(run):
+        # Read after the run row: a worker or an operation moved the run between the reads.
+        return Explanation(
+            "It moved on while this page was read (its stream has newer events): reload the "
+            "page to see where it is now.",
+            moved=True,
+        )
     if row is None:
         return Explanation(
             "Waiting, but it has no pending row, so no worker will resume it. "

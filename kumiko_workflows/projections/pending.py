@@ -114,8 +114,10 @@ def project_pending(event: Event, replaying: bool) -> None:
     cleared = is_cleared(event.aggregate_id, event.version)
     if kind in et.SUSPENSIONS:
         row = _pending_row(event)
-        keys = _wait_keys(row.match_expr) if kind == et.WAITING_FOR_EVENT else None
-        row.match_scan = kind == et.WAITING_FOR_EVENT and keys is None
+        # A wait for an event: written by the step, or resumed by a rerun.
+        waits = row.suspension_type == SuspensionType.EVENT
+        keys = _wait_keys(row.match_expr) if waits else None
+        row.match_scan = waits and keys is None
         # Upsert: a suspension projected twice (at-least-once) leaves one row.
         WorkflowRunPending.objects.bulk_create(
             [row],
@@ -123,7 +125,7 @@ def project_pending(event: Event, replaying: bool) -> None:
             unique_fields=["tenant_id", "run_id", "step"],
             update_fields=_PENDING_UPDATE_FIELDS,
         )
-        if kind == et.WAITING_FOR_EVENT:
+        if waits:
             _store_keys(event, row, keys or frozenset(), cleared)
         if not replaying and row.wake_at is not None and row.wake_at <= event.created_at:
             notify_due(event.tenant_id)

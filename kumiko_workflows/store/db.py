@@ -12,10 +12,11 @@ Capability flags stand for the databases' differences, so engine code asks
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -29,6 +30,7 @@ from kumiko_workflows.event_types import RUN_AGGREGATE_TYPE
 from kumiko_workflows.models import (
     Event,
     PurgedRun,
+    SignalDelivery,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
@@ -38,6 +40,8 @@ try:
     import psycopg
 except ImportError:  # a site on SQLite need not have it
     psycopg = None  # type: ignore[assignment]
+
+logger = logging.getLogger("kumiko_workflows.db")
 
 _alias: str | None = None
 
@@ -81,6 +85,31 @@ def atomic(*, savepoint: bool = True) -> transaction.Atomic:
 def on_commit(func: Callable[[], Any], *, robust: bool = False) -> None:
     """Run ``func`` once the engine's current transaction commits."""
     transaction.on_commit(func, using=alias(), robust=robust)
+
+
+def _in_transaction(conn: BaseDatabaseWrapper) -> bool:
+    """Whether ``conn`` has a transaction open (an atomic block, or autocommit turned off)."""
+    return conn.in_atomic_block or (conn.connection is not None and not conn.autocommit)
+
+
+def foreign_transaction() -> str | None:
+    """The alias of another database with a transaction open here, if the engine's has none.
+
+    A write of the engine's made then would commit at once, outside that
+    transaction: the caller would have a transaction the engine's writes are
+    not part of. Reads only this thread's connection state (no SQL), and
+    only connections this thread has opened: another cannot be in a
+    transaction.
+    """
+    if len(connections.settings) == 1:
+        return None  # one database: every transaction is the engine's (asked on every append)
+    own = engine()
+    if _in_transaction(own):
+        return None
+    for conn in connections.all(initialized_only=True):
+        if conn.alias != own.alias and _in_transaction(conn):
+            return str(conn.alias)
+    return None
 
 
 def set_rollback(rollback: bool) -> None:
@@ -146,16 +175,23 @@ def wait_paths(tenant_id: str, event_type: str) -> list[str]:
     """The distinct payload paths waits of the tenant use for ``event_type``.
 
     A loose index scan over ``kw_waitkey_lookup``: one index probe per
-    distinct path, however many runs wait.
+    distinct path, however many runs wait. Each probe is spelled as the
+    ordered ``LIMIT 1`` it is, not ``MIN(path)``: on a table never analysed
+    PostgreSQL plans ``MIN`` as an aggregate over every key of the event
+    type (design rule 12).
     """
     table = engine().ops.quote_name(WorkflowWaitKey._meta.db_table)
     sql = f"""
         WITH RECURSIVE paths(path) AS (
-            SELECT MIN(path) FROM {table} WHERE tenant_id = %s AND event_type = %s
+            SELECT (
+                SELECT k.path FROM {table} k WHERE k.tenant_id = %s AND k.event_type = %s
+                ORDER BY k.path LIMIT 1
+            )
             UNION ALL
             SELECT (
-                SELECT MIN(k.path) FROM {table} k
+                SELECT k.path FROM {table} k
                 WHERE k.tenant_id = %s AND k.event_type = %s AND k.path > p.path
+                ORDER BY k.path LIMIT 1
             )
             FROM paths p WHERE p.path IS NOT NULL
         )
@@ -165,6 +201,68 @@ def wait_paths(tenant_id: str, event_type: str) -> list[str]:
     with engine().cursor() as cursor:
         cursor.execute(sql, params)
         return [path for (path,) in cursor.fetchall()]
+
+
+def keyed_events(
+    tenant_id: str,
+    event_type: str,
+    after_id: int,
+    offers: Sequence[Any],
+    *,
+    until: datetime | None,
+    taken: Sequence[int],
+    engine_types: Sequence[str],
+) -> Iterator[Event]:
+    """Domain events of the tenant after ``after_id`` whose payload contains one of ``offers``.
+
+    The keyed look-back (PostgreSQL): the candidates come from the payload's
+    GIN index (``kw_event_payload_gin``, whose predicate ``engine_types``
+    repeats) alone, in a ``MATERIALIZED`` query of their own, and only then
+    are they narrowed to the tenant, the type, the range and the excluded
+    ids, and ordered. A planner without statistics (a table never analysed)
+    takes any btree condition it is offered beside the containment, as the
+    driving index (``kw_event_tenant_type_id``: every event of the type
+    since ``after_id``) or ANDed to the GIN's bitmap (every event of the
+    tenant), however few events contain the keys (design rule 12). So the
+    tenant is checked on the candidates, not in the index: a key value many
+    tenants' payloads share costs those candidates too (not a single-shard
+    statement on Citus). Yields them in id order.
+    """
+    conn = engine()
+    ops = conn.ops
+    shape = (len(offers), until is not None, len(taken), len(engine_types))
+
+    def build() -> str:
+        table = ops.quote_name(Event._meta.db_table)
+        columns = ", ".join(ops.quote_name(str(f.column)) for f in Event._meta.concrete_fields)
+        contains = " OR ".join(["payload @> %s::jsonb"] * len(offers))
+        excluded = ", ".join(["%s"] * len(engine_types))
+        narrowed = "tenant_id = %s AND type = %s AND id > %s"
+        if until is not None:
+            narrowed += " AND created_at <= %s"
+        if taken:
+            narrowed += f" AND id NOT IN ({', '.join(['%s'] * len(taken))})"
+        return (
+            f"WITH candidates AS MATERIALIZED (SELECT {columns} FROM {table} "  # noqa: S608
+            f"WHERE ({contains}) AND aggregate_type NOT IN ({excluded})) "
+            f"SELECT {columns} FROM candidates WHERE {narrowed} ORDER BY id"
+        )
+
+    field = Event._meta.get_field("payload")
+    params: list[Any] = [
+        *(field.get_db_prep_value(offer, conn) for offer in offers),
+        *engine_types,
+        tenant_id,
+        event_type,
+        after_id,
+        *([until] if until is not None else []),
+        *taken,
+    ]
+    with conn.cursor() as cursor:
+        cursor.execute(statement(("keyed_events", shape), build), params)
+        while rows := cursor.fetchmany(200):
+            for row in rows:
+                yield _instance_of(Event, row)
 
 
 _SQL: dict[tuple[Any, ...], str] = {}
@@ -483,6 +581,20 @@ class _PreparingCursor(_DriverCursor):
     prepare): the first of these cursors on such a connection sets it to a
     count no statement reaches, so that still only what these cursors ask
     for is prepared.
+
+    A pooler that does not keep prepared statements with their session
+    (PgBouncer before 1.21 in transaction mode) shows itself by refusing
+    one: "prepared statement "_pg3_0" already exists" (another client's, on
+    the server connection this transaction got) or "... does not exist"
+    (ours is on another). The first such refusal on a connection turns
+    preparing off on it for good, with one warning per process naming the
+    setting; the statement is then sent again unprepared where nothing was
+    lost, that is, outside a transaction block. Inside one, the refused
+    statement has aborted the transaction, which only a savepoint taken
+    before it could have saved, and one before every prepared run would
+    cost every site a subtransaction per statement: the error propagates,
+    and :func:`lost_prepared_statement` tells it apart, for the engine's
+    appends to run again at their own savepoint.
     """
 
     def __init__(self, connection: Any) -> None:
@@ -490,6 +602,7 @@ class _PreparingCursor(_DriverCursor):
             connection.prepare_threshold = _NEVER
         super().__init__(connection)
         self._seen: set[Any] = set()
+        self.preparing = True
 
     def execute(
         self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
@@ -497,9 +610,53 @@ class _PreparingCursor(_DriverCursor):
         seen = query in self._seen
         if not seen:
             self._seen.add(query)
-        if prepare is None:
+        if not self.preparing:
+            prepare = False
+        elif prepare is None:
             prepare = seen
-        return super().execute(query, params, prepare=prepare, **kwargs)
+        if not prepare:
+            return super().execute(query, params, prepare=prepare, **kwargs)
+        try:
+            return super().execute(query, params, prepare=True, **kwargs)
+        except _POOLER_REFUSALS as exc:
+            self._stop_preparing(exc)
+            if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                raise
+        return super().execute(query, params, prepare=False, **kwargs)
+
+    def _stop_preparing(self, exc: Exception) -> None:
+        global _warned_about_pooler
+        self.preparing = False
+        if not _warned_about_pooler:
+            _warned_about_pooler = True
+            logger.warning(
+                "the database refused a prepared statement (%s): a pooler in transaction "
+                "mode? Nothing more is prepared on this connection; set "
+                "KUMIKO_WORKFLOWS['PREPARED_STATEMENTS'] = False (or DATABASES "
+                "DISABLE_SERVER_SIDE_CURSORS = True) for such a pooler",
+                str(exc).strip(),
+            )
+
+
+#: What a pooler that loses prepared statements makes the server say (see
+#: :class:`_PreparingCursor`).
+_POOLER_REFUSALS: tuple[type[Exception], ...] = (
+    ()
+    if psycopg is None
+    else (psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)
+)
+
+#: Whether this process has said once that a pooler refused a prepared statement.
+_warned_about_pooler = False
+
+
+def lost_prepared_statement(exc: BaseException) -> bool:
+    """Whether ``exc`` (as Django raised it) is a pooler's refusal of a prepared statement.
+
+    The connection prepares nothing more (:class:`_PreparingCursor`), so
+    the work whose transaction (or savepoint) it aborted can run again.
+    """
+    return isinstance(exc, _POOLER_REFUSALS) or isinstance(exc.__cause__, _POOLER_REFUSALS)
 
 
 #: A prepare threshold no statement reaches (see :class:`_PreparingCursor`).
@@ -641,6 +798,32 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
         return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
 
 
+#: The database's clock, as Django's ``Now()`` reads it (the statement's
+#: instant on PostgreSQL, not the transaction's), in UTC.
+_NOW_SQL = {
+    "postgresql": "SELECT STATEMENT_TIMESTAMP()",
+    "sqlite": "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'now')",
+}
+
+
+def database_now() -> datetime:
+    """The engine's database's clock now: the one clock of instants other processes wrote.
+
+    Workers write their heartbeats with ``Now()`` (this clock), and their
+    age is judged on it too, so no process's own clock, however far it is
+    off, makes a dead worker look alive or a live one dead.
+    """
+    conn = engine()
+    with conn.cursor() as cursor:
+        cursor.execute(_NOW_SQL.get(conn.vendor, "SELECT CURRENT_TIMESTAMP"))
+        (value,) = cursor.fetchone()
+    if isinstance(value, str):  # SQLite: UTC as text
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
 def connection_broken() -> bool:
     """Whether the engine's database connection itself is gone (not just a failed statement)."""
     raw = engine().connection
@@ -688,3 +871,48 @@ def delete_run_streams(tenant_id: str, run_ids: Sequence[Any]) -> int:
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+# --- the run signals' outbox (engine/transitions) ----------------------------
+
+
+def add_signal_delivery(event_id: int, tenant_id: str, owner: str) -> None:
+    """Write the delivery row of a run event's signal, in the caller's transaction.
+
+    ``leased_at`` is the column's default: the database's clock.
+    """
+
+    def build() -> str:
+        ops = engine().ops
+        return (
+            f"INSERT INTO {ops.quote_name(SignalDelivery._meta.db_table)} "  # noqa: S608
+            f"({ops.quote_name('event_id')}, {ops.quote_name('tenant_id')}, "
+            f"{ops.quote_name('owner')}) VALUES (%s, %s, %s)"
+        )
+
+    with hot_cursor() as cursor:
+        cursor.execute(statement(("add_signal_delivery",), build), [event_id, tenant_id, owner])
+
+
+def delete_signal_delivery(event_id: int) -> None:
+    """Delete a delivery row once its receivers ran (after the commit, in autocommit).
+
+    On PostgreSQL its commit does not wait for the WAL to reach the disk
+    (``synchronous_commit`` off for this one transaction): a delete lost in
+    a server crash only delivers the signal again, which the promise (at
+    least once) allows, and each delivered signal saves a disk flush.
+    """
+    conn = engine()
+
+    def build() -> str:
+        sql = (
+            f"DELETE FROM {conn.ops.quote_name(SignalDelivery._meta.db_table)} "  # noqa: S608
+            f"WHERE {conn.ops.quote_name('event_id')} = %s"
+        )
+        if conn.vendor != "postgresql":
+            return sql
+        relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+        return f"{relax}{sql} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
+
+    with hot_cursor() as cursor:
+        cursor.execute(statement(("delete_signal_delivery",), build), [event_id])

@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, cast
 
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Max, Model, Subquery
@@ -31,7 +32,12 @@ from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.exceptions import InvalidEvent, StreamIdentityError, VersionConflict
+from kumiko_workflows.exceptions import (
+    CrossDatabaseTransaction,
+    InvalidEvent,
+    StreamIdentityError,
+    VersionConflict,
+)
 from kumiko_workflows.models import Event
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
@@ -208,6 +214,31 @@ def _json_object(value: Any, what: str) -> tuple[dict[str, Any], str]:
     return clean, text
 
 
+def joins_callers_transaction(operation: str) -> None:
+    """Refuse (:class:`CrossDatabaseTransaction`) to write outside the caller's transaction.
+
+    Called first by each operation a site calls to write to the engine's
+    tables (``operation`` names it in the error), before any SQL: if the
+    caller is in a transaction on another database alias and the engine's
+    alias has none, the engine's writes would commit at once, outside it,
+    even when it rolls back. Nothing is written, and the caller's
+    transaction stays usable.
+    """
+    other = db_statements.foreign_transaction()
+    if other is None:
+        return
+    own = db_statements.alias()
+    raise CrossDatabaseTransaction(
+        f"{operation}() was called inside a transaction on database {other!r}, but the "
+        f"engine's tables are on {own!r} (KUMIKO_WORKFLOWS['DATABASE']), where no transaction "
+        f"is open: its writes (events, the runs they start, their signals) would commit at "
+        f"once, even if the transaction on {other!r} rolls back. Nothing was written. Open "
+        f"transaction.atomic(using={own!r}) around your transaction on {other!r} (the "
+        f"engine's writes then commit or roll back with it, just after yours), or make the "
+        f"call once {other!r} has committed"
+    )
+
+
 def append_event(
     aggregate_id: uuid.UUID | str | Model,
     aggregate_type: str,
@@ -239,6 +270,11 @@ def append_event(
     ``savepoint=False`` is for callers that run inside an atomic block they
     unwind on any error (the engine's own run streams): it saves the
     savepoint round trips, and a failing projection then dooms that block.
+
+    Inside a transaction on another database than the engine's
+    (``KUMIKO_WORKFLOWS["DATABASE"]``) with none open on the engine's, it
+    raises :class:`CrossDatabaseTransaction` and writes nothing: the
+    append would not be part of the caller's transaction.
     """
     event, texts = _prepared(
         aggregate_id,
@@ -252,6 +288,7 @@ def append_event(
         event_version,
         created_at,
     )
+    joins_callers_transaction("append_event")
     # The engine's right to write its streams covers this append only, not the
     # appends of the projections it sets off: a workflow triggered by a run
     # event runs its (user) steps there.
@@ -375,17 +412,42 @@ def _insert(
     projected = registry.handles(event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
+    # A block with a savepoint of its own (or a transaction) can run again
+    # once a pooler's refusal of a prepared statement rolled it back: the
+    # connection prepares nothing from then on (store.db._PreparingCursor).
+    again = projected and (savepoint or not db.in_atomic_block)
     for _ in range(attempts):
-        block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
-        with block:
-            rows = db_statements.run_insert(sql, params, db)
-            if rows:
-                _saved(db, event, rows[0], projected)
-                return
+        try:
+            written = _write(db, event, sql, params, projected, savepoint)
+        except DatabaseError as exc:
+            if not (again and db_statements.lost_prepared_statement(exc)):
+                raise
+            again = False
+            written = _write(db, event, sql, params, projected, savepoint)
+        if written:
+            return
         refusal = _refusal(event, expected_version)
         if refusal is not None:
             raise refusal  # another writer cannot make this go away: no retry
     raise _version_conflict(event, expected_version)
+
+
+def _write(
+    db: BaseDatabaseWrapper,
+    event: Event,
+    sql: str,
+    params: list[Any],
+    projected: bool,
+    savepoint: bool,
+) -> bool:
+    """Run the insert (and the projections, in one atomic block); whether a row was written."""
+    block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
+    with block:
+        rows = db_statements.run_insert(sql, params, db)
+        if rows:
+            _saved(db, event, rows[0], projected)
+            return True
+    return False
 
 
 def _row_values(db: BaseDatabaseWrapper, event: Event, json_texts: tuple[str, str]) -> list[Any]:

@@ -209,11 +209,19 @@ def fail_run(
     *,
     state: dict[str, Any] | None = None,
     retry_from: str | None = None,
+    suspension: dict[str, Any] | None = None,
 ) -> Event:
-    """Append ``workflow.run-failed`` (generic text only) and record the raw error."""
+    """Append ``workflow.run-failed`` (generic text only) and record the raw error.
+
+    ``retry_from`` is the step a rerun starts at; ``suspension``, for a run
+    that failed resuming one, the suspension a rerun resumes instead
+    (:func:`kumiko_workflows.workflow.suspensions.standing`).
+    """
+    kept = {} if suspension is None else {"suspension": suspension}
     event = stream.append(
         event_types.RUN_FAILED,
         {
+            **kept,
             "workflow_name": stream.workflow_name,
             "definition_fingerprint": stream.fingerprint,
             "step": failure.step,

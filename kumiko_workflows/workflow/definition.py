@@ -303,6 +303,10 @@ ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS})
 #: How a worker commits the resumes of a workflow's runs: with others in a
 #: batch (fast), or each on its own (a killed worker repeats no other run).
 COMMIT_MODES = ("batch", "per_run")
+#: The highest ``version=``: the runs' ``workflow_version`` columns are
+#: PostgreSQL integers (on every database, so a definition that works on
+#: SQLite works on PostgreSQL). A higher one would fail every start.
+MAX_VERSION = 2**31 - 1
 #: Where a triggered run's first steps run: in the appending transaction, or
 #: in a worker right after it commits.
 START_MODES = ("inline", "worker")
@@ -372,9 +376,14 @@ class Workflow:
                     f"workflow {name!r}: awaits[{key!r}] is the engine's own event type "
                     f"{event_type!r}; await a domain event instead"
                 )
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        if (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or not 1 <= version <= MAX_VERSION
+        ):
             raise WorkflowDefinitionError(
-                f"workflow {name!r}: version must be an integer >= 1, got {version!r}"
+                f"workflow {name!r}: version must be an integer from 1 to {MAX_VERSION}, "
+                f"got {version!r}"
             )
         self.name = name
         self.trigger = trigger

@@ -152,8 +152,68 @@ def _due_now(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
     return {"wake_at": at, "due_since": at}
 
 
+def standing(row: Any, *, awaited_gone: bool = False) -> dict[str, Any] | None:
+    """A pending row's suspension as it stands, for a rerun to resume (None: rerun its step).
+
+    Written into ``workflow.run-failed`` when a run fails at the resume of a
+    step's suspension before any step ran (its definition, its trigger or
+    awaited event, the engine): ``rerun_run`` then resumes that suspension
+    as it was, its deadline and match included, instead of running the
+    wait step again with a fresh one. ``awaited_gone``: the event that woke
+    the row is gone, so the wait goes on as before it arrived, until its
+    deadline. A rerun or a queued start has no deadline to keep.
+    """
+    record = for_type(row.suspension_type)
+    if record is None or not record.by_step:
+        return None
+    wake_at, due_since, awaited = row.wake_at, row.due_since, row.awaited_event_id
+    if awaited_gone:
+        wake_at, due_since, awaited = row.timeout_at, None, None
+    return {
+        "suspension_type": row.suspension_type,
+        "wake_at": _text(wake_at),
+        "timeout_at": _text(row.timeout_at),
+        "retry_attempt": row.retry_attempt,
+        "wait_event_type": row.wait_event_type,
+        "awaits_key": row.awaits_key,
+        "match": row.match_expr,
+        "awaited_event_id": awaited,
+        "due_since": _text(due_since),
+    }
+
+
+def _text(instant: datetime | None) -> str | None:
+    return instant.isoformat() if instant else None
+
+
+def _rerun_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    kept = payload.get("suspension")
+    if not kept:  # rerun the step where the failed attempt began, now
+        return _due_now(payload, at)
+    return {
+        "suspension_type": kept["suspension_type"],
+        "wake_at": _instant(kept.get("wake_at")),
+        "timeout_at": _instant(kept.get("timeout_at")),
+        "retry_attempt": kept.get("retry_attempt") or 0,
+        "wait_event_type": kept.get("wait_event_type") or "",
+        "awaits_key": kept.get("awaits_key") or "",
+        "match_expr": kept.get("match"),
+        "awaited_event_id": kept.get("awaited_event_id"),
+        "due_since": _instant(kept.get("due_since")),
+    }
+
+
 def _rerun_status(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
-    return {"wake_at": at, "failure_reason": "", "error_class": "", "finished_at": None}
+    columns = {"wake_at": at, "failure_reason": "", "error_class": "", "finished_at": None}
+    kept = payload.get("suspension")
+    if kept:
+        columns.update(
+            suspension_type=kept["suspension_type"],
+            wake_at=_instant(kept.get("wake_at")),
+            awaited_event_type=kept.get("wait_event_type") or "",
+            retry_attempt=kept.get("retry_attempt") or 0,
+        )
+    return columns
 
 
 WAIT = Record(
@@ -183,11 +243,13 @@ RETRY = Record(
     attempt=lambda row: row.retry_attempt + 1,
     facts=_retry_facts,
 )
-#: Not a step's: ``rerun_run`` (or the admin) asks a failed run to run again.
+#: Not a step's: ``rerun_run`` (or the admin) asks a failed run to run again:
+#: due now at the step where its failed attempt began, or, for a run that
+#: failed resuming a suspension, that suspension again (:func:`standing`).
 RERUN = Record(
     et.RERUN_REQUESTED,
     "rerun",
-    pending=_due_now,
+    pending=_rerun_pending,
     status=_rerun_status,
     after=False,
     attempt=_first_attempt,

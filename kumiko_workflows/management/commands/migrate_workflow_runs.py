@@ -65,6 +65,11 @@ class Command(BaseCommand):
         verb = "would move" if report.dry_run else "moved"
         for (old, new), count in sorted(report.steps.items()):
             self.stdout.write(f"  step {old} -> step {new}: {count} run(s)")
+        if report.queued:
+            self.stdout.write(
+                f"  queued to start -> step 0 of version {report.to_version}: "
+                f"{report.queued} run(s)"
+            )
         self.stdout.write(
             self.style.SUCCESS(
                 f"{report.workflow_name}: {verb} {report.moved} waiting run(s) from version "

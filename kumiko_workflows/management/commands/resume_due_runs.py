@@ -11,8 +11,16 @@ from django.db import DatabaseError, InterfaceError
 
 from kumiko_workflows.engine.worker import PassResult, Worker
 from kumiko_workflows.exceptions import WorkerAlreadyRunning
-from kumiko_workflows.management.arguments import aware_instant, positive_float, positive_int
+from kumiko_workflows.management import reloading
+from kumiko_workflows.management.arguments import (
+    aware_instant,
+    positive_float,
+    positive_int,
+    refuse_writing_rehearsal,
+    tenant_id,
+)
 
+logger = logging.getLogger("kumiko_workflows.worker")
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
 
@@ -27,6 +35,7 @@ class Command(BaseCommand):
             "--tenant",
             action="append",
             dest="tenants",
+            type=tenant_id,
             metavar="T",
             help="Only this tenant (repeat for several). Default: every tenant with due runs.",
         )
@@ -40,6 +49,14 @@ class Command(BaseCommand):
             "--loop",
             action="store_true",
             help="Keep running: sleep until the next run is due (or NOTIFY on PostgreSQL).",
+        )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help=(
+                "With --loop, for development: restart the worker when a Python file changes "
+                "(Django's autoreloader, as runserver), after the current run finishes."
+            ),
         )
         parser.add_argument(
             "--interval",
@@ -66,7 +83,25 @@ class Command(BaseCommand):
             help=(
                 "One pass as if it were this instant, with a UTC offset "
                 "(e.g. 2030-01-01T09:00:00+00:00): resume what is due then and fire the cron "
-                "slots due then, for tests and rehearsals. Not with --loop."
+                "slots due then, for tests and rehearsals. Not with --loop. An instant later "
+                "than the current time needs --dry-run or --write."
+            ),
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help=(
+                "One pass in a transaction rolled back at its end: print what it would resume "
+                "and fire, and write nothing (a step's own calls outside the database still "
+                "happen). Not with --loop."
+            ),
+        )
+        parser.add_argument(
+            "--write",
+            action="store_true",
+            help=(
+                "With a --now later than the current time: write the pass for real (resume "
+                "runs early, fire the cron slots due then and move their schedules)."
             ),
         )
         parser.add_argument(
@@ -100,6 +135,13 @@ class Command(BaseCommand):
             raise CommandError(
                 "--now makes one pass at a fixed instant; a --loop worker runs on the clock"
             )
+        if options["loop"] and options["dry_run"]:
+            raise CommandError("--dry-run makes one pass and rolls it back; a --loop worker writes")
+        refuse_writing_rehearsal(options["now"], options["dry_run"], options["write"])
+        if options["reload"] and not options["loop"]:
+            raise CommandError("--reload restarts a --loop worker when files change: add --loop")
+        if options["reload"] and not reloading.in_child():
+            raise SystemExit(reloading.supervise())  # the child runs the worker
 
         def started(line: str) -> None:
             if verbosity >= 1:
@@ -108,7 +150,9 @@ class Command(BaseCommand):
         def report(result: PassResult) -> None:
             # A one-shot pass always says what it did; a loop worker only when it
             # did something (or at -v 3), so an idle worker's log stays quiet.
+            # A dry run says it after what it would have written.
             shown = not options["loop"] or not result.idle or verbosity >= 3
+            shown = shown and not options["dry_run"]
             if verbosity >= 1 and shown:
                 self.stdout.write(f"resume_due_runs: {result}")
             if result.report.errors:
@@ -128,8 +172,21 @@ class Command(BaseCommand):
             on_pass=report,
             on_start=started,
             loop=options["loop"],
+            heartbeat=not options["dry_run"],
         )
         if options["loop"]:
+            changed: list[str] = []
+            if options["reload"]:
+
+                def restart(path: str) -> None:
+                    changed.append(path)
+                    logger.warning(
+                        "%s changed: finishing the current run, then restarting with the new code",
+                        path,
+                    )
+                    worker.stop()
+
+                reloading.watch(restart)
             try:
                 worker.run_forever()
             except WorkerAlreadyRunning as exc:
@@ -139,11 +196,22 @@ class Command(BaseCommand):
                     f"resume_due_runs: stopped after {worker.passes} pass(es): "
                     f"{worker.totals} fired={worker.fired}"
                 )
+            if changed:
+                self.stdout.write(f"resume_due_runs: restarting: {changed[0]} changed")
+                raise SystemExit(reloading.RELOAD_EXIT)
             if worker.errors:
                 raise CommandError(f"the worker met {worker.errors} error(s); see the log")
             return
         try:
-            result = worker.run_single_pass(now=options["now"])
+            if options["dry_run"]:
+                rehearsal = worker.rehearse(now=options["now"])
+                if verbosity >= 1:
+                    summary = str(rehearsal.result)
+                    for line in rehearsal.report("resume_due_runs", options["now"], summary):
+                        self.stdout.write(line)
+                result = rehearsal.result
+            else:
+                result = worker.run_single_pass(now=options["now"])
         except WorkerAlreadyRunning as exc:
             raise CommandError(str(exc)) from exc
         except (DatabaseError, InterfaceError) as exc:

@@ -6,7 +6,10 @@ has waited for a worker), the workers and when each last passed, and with
 ``--failed`` the failed runs with their reason and step. ``--check`` is a
 health check for orchestrators: it reads only the oldest due row and the
 workers' heartbeats, and exits 1 when the lag is over ``--max-lag`` or no
-worker has passed within ``--max-heartbeat-age``.
+worker has passed within ``--max-heartbeat-age``. A heartbeat's age is
+read on the database's clock, the one it was written with, never on this
+process's. With the database unreachable, every form prints one line
+(``--json``: an object saying so) and exits 1.
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, InterfaceError
 from django.db.models import Count
-from django.utils import timezone
 
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.management.arguments import positive_int, seconds_or_off
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import humanize, step_label
 from kumiko_workflows.operations.versions import VersionRow, version_lines, version_table
+from kumiko_workflows.store import db
 from kumiko_workflows.workflow import clock
 
 
@@ -97,9 +101,10 @@ def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:
 def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
     """The workers' heartbeats, freshest first: those serving ``tenant``, on ``host``.
 
-    Their age is measured on the real clock, as they were written.
+    Their age is measured on the database's clock, as they were written
+    (:meth:`kumiko_workflows.engine.worker.Heartbeat.beat`).
     """
-    now = timezone.now()
+    now = db.database_now()
     rows = []
     for beat in WorkerHeartbeat.objects.order_by("-seen_at", "name"):
         serves = not beat.tenants or tenant is None or tenant in beat.tenants
@@ -262,6 +267,19 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self._handle(options)
+        except (DatabaseError, InterfaceError) as exc:
+            # One line for a probe's log, not a traceback; exit 1 (unhealthy).
+            error = " ".join(f"the database is unavailable: {exc}".split())
+            if options["json"]:
+                answer: dict[str, Any] = {"error": error}
+                if options["check"]:
+                    answer = {"healthy": False, "problems": [error], **answer}
+                self.stdout.write(json.dumps(answer, indent=2))
+            raise CommandError(error) from exc
+
+    def _handle(self, options: dict[str, Any]) -> None:
         now = clock.now()
         if options["check"]:
             self._check(now, options)

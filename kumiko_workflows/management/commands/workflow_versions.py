@@ -13,6 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from kumiko_workflows.management.arguments import tenant_id
 from kumiko_workflows.operations.versions import version_lines, version_table
 
 
@@ -29,7 +30,9 @@ class Command(BaseCommand):
             action="store_true",
             help="exit 1 if runs in flight would fail at resume (for deploy pipelines)",
         )
-        parser.add_argument("--tenant", help="only this tenant's runs (default: all tenants)")
+        parser.add_argument(
+            "--tenant", type=tenant_id, help="only this tenant's runs (default: all tenants)"
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, check: bool, tenant: str | None, **options: Any) -> None:
