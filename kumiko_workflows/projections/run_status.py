@@ -43,6 +43,12 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
     if kind == et.WAKE_REQUESTED:
         return {"wake_at": event.created_at}
     if kind == et.RESUMED:
+        if "definition_fingerprint" in payload:
+            # Resumed on an edited definition it survives (engine/deploys): the run is on it now.
+            return {
+                "definition_fingerprint": payload["definition_fingerprint"],
+                "workflow_version": payload["workflow_version"],
+            }
         # The engine appends the next event (suspension, completion or
         # failure) in the same transaction, and each of those sets every
         # column this one would: the row never shows "running" outside it.

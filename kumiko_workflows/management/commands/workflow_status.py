@@ -5,8 +5,9 @@ version, the pending rows and the oldest due one with its lag (how long it
 has waited for a worker), the workers and when each last passed, and with
 ``--failed`` the failed runs with their reason and step. ``--check`` is a
 health check for orchestrators: it reads only the oldest due row and the
-workers' heartbeats, and exits 1 when the lag is over ``--max-lag`` or no
-worker has passed within ``--max-heartbeat-age``.
+workers' heartbeats, and exits 1 when the lag is over ``--max-lag``, no
+worker has passed within ``--max-heartbeat-age``, or a worker's code is
+older than runs it met (it left them for a worker with newer code: restart it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 from django.utils import timezone
 
+from kumiko_workflows.engine import deploys
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.management.arguments import positive_int, seconds_or_off
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
@@ -117,9 +119,32 @@ def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str
                 "seen_at": beat.seen_at.isoformat(),
                 "age_seconds": round(age.total_seconds(), 3),
                 "age": humanize(age),
+                # Newer definitions whose runs it leaves: its code is stale.
+                "left_code": beat.left_code or [],
             }
         )
     return rows
+
+
+def stale_workers(beats: list[dict[str, Any]], tenant: str | None, now: datetime) -> list[str]:
+    """A line for each worker whose code is older than runs it met (and left), naming them."""
+    lines = []
+    for beat in beats:
+        entries = beat["left_code"]
+        if not entries:
+            continue
+        code = ", ".join(
+            f"workflow {entry['workflow_name']!r} version {entry['workflow_version']} "
+            f"(definition {entry['fingerprint'][:12]}, first seen {entry['first_seen_at']} by "
+            f"{entry['first_seen_by']})"
+            for entry in entries
+        )
+        due = deploys.left_due(entries, tenant, now)
+        lines.append(
+            f"worker {beat['name']} runs code older than its runs need: it left runs of {code} "
+            f"for a worker that has that code ({due} due now); restart it with the new code"
+        )
+    return lines
 
 
 def health(
@@ -142,6 +167,12 @@ def health(
             f"the oldest due run ({due['run_id']}, {due['workflow_name']}, tenant "
             f"{due['tenant_id']}) has waited {due['lag']} for a worker: more than {max_lag:g} s"
         )
+    live = [
+        beat
+        for beat in beats
+        if max_heartbeat_age is None or beat["age_seconds"] <= max_heartbeat_age
+    ]
+    problems.extend(stale_workers(live, tenant, now))
     freshest = beats[0] if beats else None
     where = f" on host {host}" if host is not None else ""
     serving = f" serving tenant {tenant}" if tenant is not None else ""
@@ -352,6 +383,8 @@ class Command(BaseCommand):
             kind = "--loop" if row["loop"] else "one pass"
             line = f"  {row['name']}  {kind}, {scope}; last passed {row['age']} ago"
             self.stdout.write(line)
+        for line in stale_workers(rows, None, clock.now()):
+            self.stdout.write(self.style.WARNING("  " + line))
 
     def _print_failed(self, failed: list[dict[str, Any]]) -> None:
         self.stdout.write(self.style.MIGRATE_HEADING(f"Failed runs ({len(failed)} shown)"))
