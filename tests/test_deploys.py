@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 from django.utils import timezone
 
 from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
@@ -71,6 +72,14 @@ def recorded(event):
     return [row.payload["step"] for row in rows.order_by("id")]
 
 
+def deploys_box(client):
+    """The run list's "Deploys" box, as text."""
+    html = client.get(reverse("admin:kumiko_workflows_workflowrun_changelist")).content.decode()
+    if 'id="kw-deploys"' not in html:
+        return ""
+    return html[html.index('id="kw-deploys"') :].split("</div>")[0].replace("&#x27;", "'")
+
+
 def versions_row():
     return next(row for row in version_table() if row.workflow_name == NAME)
 
@@ -104,7 +113,9 @@ def test_a_run_has_met_the_steps_before_it_the_branches_around_it_and_its_own():
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("registered", [True, False], ids=["registered", "old-rows-only"])
-def test_a_step_appended_after_the_wait_keeps_a_waiting_run(now, future, registered):
+def test_a_step_appended_after_the_wait_keeps_a_waiting_run(
+    now, future, registered, admin_client
+):
     old = definition()
     if registered:
         register_old_code(old)
@@ -119,6 +130,7 @@ def test_a_step_appended_after_the_wait_keeps_a_waiting_run(now, future, registe
         row = versions_row()
         assert (row.kept, row.stranded, row.failing) == (1, 0, [])
         assert "1 waiting on an edited definition resume on it" in check_versions()
+        assert deploys_box(admin_client) == ""
         report = resume_due_runs(now=now + timedelta(hours=2))
 
     assert (report.completed, report.failed) == (1, 0)
@@ -132,7 +144,9 @@ def test_a_step_appended_after_the_wait_keeps_a_waiting_run(now, future, registe
 
 
 @pytest.mark.django_db
-def test_an_edit_to_a_step_the_run_has_run_fails_it_naming_the_change_from_its_side(now, future):
+def test_an_edit_to_a_step_the_run_has_run_fails_it_naming_the_change_from_its_side(
+    now, future, admin_client
+):
     old = definition()
     register_old_code(old)
     with registry.override(old):
@@ -155,6 +169,7 @@ def test_an_edit_to_a_step_the_run_has_run_fails_it_naming_the_change_from_its_s
         assert (row.kept, row.stranded) == (0, 1)
         with pytest.raises(CommandError):
             check_versions()
+        box = deploys_box(admin_client)
         report = resume_due_runs(now=now + timedelta(hours=2))
 
     assert row.failing == [
@@ -165,6 +180,11 @@ def test_an_edit_to_a_step_the_run_has_run_fails_it_naming_the_change_from_its_s
             "(compute 'first') (before step 1, where the run waits) changed",
         }
     ]
+    assert (
+        f"1 waiting run of workflow {NAME!r} version 1 at step 1 would fail on this code: "
+        "version 1 of workflow" in box
+    )
+    assert "step 0 (compute 'first') (before step 1, where the run waits) changed" in box
     assert report.failed == 1
     assert recorded(event) == ["first"]
     run = WorkflowRun.objects.get(run_id=run_id)
@@ -252,7 +272,9 @@ def test_a_step_inserted_before_the_wait_fails_it_and_an_edit_of_the_other_arm_d
 
 
 @pytest.mark.django_db
-def test_old_code_leaves_a_run_of_newer_code_once_and_the_health_check_names_it(past):
+def test_old_code_leaves_a_run_of_newer_code_once_and_the_health_check_names_it(
+    past, admin_client
+):
     old = definition()
     new = definition(extra=[steps.compute("appended", w.record("appended"))])
     register_old_code(old)
@@ -276,6 +298,7 @@ def test_old_code_leaves_a_run_of_newer_code_once_and_the_health_check_names_it(
     assert not verdict["healthy"]
     assert f"worker {beat.name} runs code older than its runs need" in verdict["problems"][0]
     assert "(1 due now); restart it with the new code" in verdict["problems"][0]
+    assert f"worker {beat.name} runs code older than its runs need" in deploys_box(admin_client)
 
     with registry.override(new):
         assert resume_due_runs().completed == 1

@@ -59,6 +59,9 @@ _last_try: float | None = None
 #: Per code (the set of fingerprints a process declares): the newer
 #: definitions met, by fingerprint, with what the heartbeat tells about them.
 _left: dict[frozenset[str], dict[str, dict[str, Any]]] = {}
+#: Registrations never change: comparisons made with all of them, per code and fingerprint.
+_compared: dict[tuple[frozenset[str], str], DeployedDefinition | None] = {}
+_prints: dict[str, Mapping[str, str]] = {}
 
 
 def process_name() -> str:
@@ -95,7 +98,9 @@ def register_code(*, force: bool = False) -> bool:
     except DatabaseError as exc:
         if db.connection_broken():
             raise
-        logger.warning(
+        # Quiet as a process connects (``migrate`` itself connects before the table exists).
+        logger.log(
+            logging.WARNING if force else logging.DEBUG,
             "this process's workflow definitions could not be registered (%s); is the "
             "kumiko_workflows migration applied? Workers cannot tell old code from new until "
             "they are",
@@ -128,6 +133,8 @@ def forget() -> None:
     global _last_try
     _registered.clear()
     _left.clear()
+    _compared.clear()
+    _prints.clear()
     _last_try = None
 
 
@@ -171,14 +178,20 @@ def newer_than_mine(fingerprint: str) -> DeployedDefinition | None:
     own could not be registered): it decides, as before.
     """
     mine = _code()
-    if fingerprint in mine or not register_code(force=True):
+    if fingerprint in mine:
+        return None
+    if (mine, fingerprint) in _compared:
+        return _compared[(mine, fingerprint)]
+    if not register_code(force=True):
         return None
     seen = _first_seen({*mine, fingerprint})
     theirs = seen.get(fingerprint)
     own = [seen[f].first_seen_at for f in mine if f in seen]
     if theirs is None or len(own) < len(mine):
-        return None
-    return theirs if theirs.first_seen_at > max(own, default=theirs.first_seen_at) else None
+        return None  # not (yet) comparable: asked again next time
+    newer = theirs if theirs.first_seen_at > max(own, default=theirs.first_seen_at) else None
+    _compared[(mine, fingerprint)] = newer
+    return newer
 
 
 def run_prints(tenant_id: str, run_id: uuid.UUID, fingerprint: str) -> Mapping[str, str] | None:
@@ -187,8 +200,11 @@ def run_prints(tenant_id: str, run_id: uuid.UUID, fingerprint: str) -> Mapping[s
     From its registration, else from the run's start or move (which record
     them), if that is the definition the run is still on.
     """
+    if fingerprint in _prints:
+        return _prints[fingerprint]
     known = DeployedDefinition.objects.filter(fingerprint=fingerprint).first()
     if known is not None:
+        _prints[fingerprint] = known.step_fingerprints
         return known.step_fingerprints
     origin = (
         Event.objects.filter(

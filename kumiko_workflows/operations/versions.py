@@ -2,18 +2,27 @@
 
 The table behind ``manage.py workflow_versions`` (and the versions part of
 ``workflow_status``): a deploy that stops declaring a version its runs are
-still waiting on would fail them at resume, so a pipeline can ask first.
+still waiting on, or edits a step they have run or wait at, would fail them
+at resume, so a pipeline can ask first. And the workers whose code is older
+than runs they met (:func:`stale_workers`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count
 
 from kumiko_workflows.engine import deploys
-from kumiko_workflows.models import SETTLED_STATUSES, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.models import (
+    SETTLED_STATUSES,
+    WorkerHeartbeat,
+    WorkflowRun,
+    WorkflowRunPending,
+)
 from kumiko_workflows.workflow.definition import registry
 
 
@@ -181,4 +190,30 @@ def version_lines(rows: list[VersionRow]) -> list[str]:
                 f"    {row.kept} waiting on an edited definition resume on it: nothing they "
                 "have run or wait at changed"
             )
+    return lines
+
+
+def stale_workers(
+    tenant_id: str | None, now: datetime, names: Collection[str] | None = None
+) -> list[str]:
+    """A line for each worker (of ``names``, or any) whose code is older than runs it left.
+
+    Such a worker leaves those runs due for a worker that has their code
+    (:mod:`kumiko_workflows.engine.deploys`); it should be restarted.
+    """
+    lines = []
+    for beat in WorkerHeartbeat.objects.order_by("name"):
+        if not beat.left_code or (names is not None and beat.name not in names):
+            continue
+        code = ", ".join(
+            f"workflow {entry['workflow_name']!r} version {entry['workflow_version']} "
+            f"(definition {entry['fingerprint'][:12]}, first seen {entry['first_seen_at']} by "
+            f"{entry['first_seen_by']})"
+            for entry in beat.left_code
+        )
+        due = deploys.left_due(beat.left_code, tenant_id, now)
+        lines.append(
+            f"worker {beat.name} runs code older than its runs need: it left runs of {code} "
+            f"for a worker that has that code ({due} due now); restart it with the new code"
+        )
     return lines

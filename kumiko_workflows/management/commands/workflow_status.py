@@ -20,12 +20,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 from django.utils import timezone
 
-from kumiko_workflows.engine import deploys
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.management.arguments import positive_int, seconds_or_off
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import humanize, step_label
-from kumiko_workflows.operations.versions import VersionRow, version_lines, version_table
+from kumiko_workflows.operations.versions import (
+    VersionRow,
+    stale_workers,
+    version_lines,
+    version_table,
+)
 from kumiko_workflows.workflow import clock
 
 
@@ -126,27 +130,6 @@ def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str
     return rows
 
 
-def stale_workers(beats: list[dict[str, Any]], tenant: str | None, now: datetime) -> list[str]:
-    """A line for each worker whose code is older than runs it met (and left), naming them."""
-    lines = []
-    for beat in beats:
-        entries = beat["left_code"]
-        if not entries:
-            continue
-        code = ", ".join(
-            f"workflow {entry['workflow_name']!r} version {entry['workflow_version']} "
-            f"(definition {entry['fingerprint'][:12]}, first seen {entry['first_seen_at']} by "
-            f"{entry['first_seen_by']})"
-            for entry in entries
-        )
-        due = deploys.left_due(entries, tenant, now)
-        lines.append(
-            f"worker {beat['name']} runs code older than its runs need: it left runs of {code} "
-            f"for a worker that has that code ({due} due now); restart it with the new code"
-        )
-    return lines
-
-
 def health(
     tenant: str | None,
     now: datetime,
@@ -172,7 +155,7 @@ def health(
         for beat in beats
         if max_heartbeat_age is None or beat["age_seconds"] <= max_heartbeat_age
     ]
-    problems.extend(stale_workers(live, tenant, now))
+    problems.extend(stale_workers(tenant, now, {beat["name"] for beat in live}))
     freshest = beats[0] if beats else None
     where = f" on host {host}" if host is not None else ""
     serving = f" serving tenant {tenant}" if tenant is not None else ""
@@ -383,7 +366,7 @@ class Command(BaseCommand):
             kind = "--loop" if row["loop"] else "one pass"
             line = f"  {row['name']}  {kind}, {scope}; last passed {row['age']} ago"
             self.stdout.write(line)
-        for line in stale_workers(rows, None, clock.now()):
+        for line in stale_workers(None, clock.now(), {row["name"] for row in rows}):
             self.stdout.write(self.style.WARNING("  " + line))
 
     def _print_failed(self, failed: list[dict[str, Any]]) -> None:
