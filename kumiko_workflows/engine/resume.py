@@ -98,7 +98,11 @@ class ResumeReport:
         return asdict(self)
 
     def __str__(self) -> str:
-        return " ".join(f"{key}={value}" for key, value in self.as_dict().items())
+        # ``left`` only when some were: it happens during a deploy, and says so.
+        items = self.as_dict()
+        if not items["left"]:
+            del items["left"]
+        return " ".join(f"{key}={value}" for key, value in items.items())
 
 
 def _definition_changed(

@@ -703,12 +703,6 @@ def delete_run_streams(tenant_id: str, run_ids: Sequence[Any]) -> int:
 
 # --- deployed definitions (engine/deploys) -------------------------------------
 
-#: The database's clock, as a timestamp column takes it.
-_DATABASE_NOW = {
-    "postgresql": "clock_timestamp()",
-    "sqlite": "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')",
-}
-
 
 def register_definitions(rows: Sequence[tuple[str, str, int, dict[str, str]]], by: str) -> None:
     """Record (fingerprint, workflow, version, step fingerprints) rows not yet known.
@@ -724,7 +718,12 @@ def register_definitions(rows: Sequence[tuple[str, str, int, dict[str, str]]], b
     # Columns named as the fields are (no db_column).
     names = ("fingerprint", "workflow_name", "workflow_version", "step_fingerprints")
     columns = ", ".join(ops.quote_name(name) for name in (*names, "first_seen_by", "first_seen_at"))
-    now = _DATABASE_NOW.get(conn.vendor, "CURRENT_TIMESTAMP")
+    # The database's clock, as a timestamp column takes it (SQLite's to the millisecond).
+    now = (
+        "clock_timestamp()"
+        if conn.vendor == "postgresql"
+        else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    )
     values = ", ".join([f"(%s, %s, %s, %s, %s, {now})"] * len(rows))
     sql = (
         f"INSERT INTO {ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers
