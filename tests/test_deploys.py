@@ -91,8 +91,14 @@ def check_versions():
     return out.getvalue()
 
 
+def first_deploy():
+    """A database no code has been seen on (worker processes of other tests leave theirs)."""
+    DeployedDefinition.objects.all().delete()
+
+
 def register_old_code(workflow):
     """Deploy ``workflow`` an hour ago: its code (all of it) first seen then."""
+    first_deploy()
     with registry.override(workflow):
         assert deploys.register_code(force=True)
     DeployedDefinition.objects.update(first_seen_at=timezone.now() - timedelta(hours=1))
@@ -116,6 +122,7 @@ def test_a_run_has_met_the_steps_before_it_the_branches_around_it_and_its_own():
 @pytest.mark.parametrize("registered", [True, False], ids=["registered", "old-rows-only"])
 def test_a_step_appended_after_the_wait_keeps_a_waiting_run(now, future, registered, admin_client):
     old = definition()
+    first_deploy()
     if registered:
         register_old_code(old)
     with registry.override(old):
@@ -123,23 +130,28 @@ def test_a_step_appended_after_the_wait_keeps_a_waiting_run(now, future, registe
     if not registered:
         # Written by an engine from before registrations: only run-started has the steps.
         assert not DeployedDefinition.objects.filter(fingerprint=old.fingerprint).exists()
-    new = definition(extra=[steps.compute("appended", w.record("appended"))])
+    new = definition(extra=[steps.wait("PT1H"), steps.compute("appended", w.record("appended"))])
 
     with registry.override(new):
         row = versions_row()
         assert (row.kept, row.stranded, row.failing) == (1, 0, [])
         assert "1 waiting on an edited definition resume on it" in check_versions()
         assert deploys_box(admin_client) == ""
-        report = resume_due_runs(now=now + timedelta(hours=2))
+        moved = resume_due_runs(now=now + timedelta(hours=2))
+        # Waiting again, now on the edited definition: nothing left to judge.
+        assert WorkflowRun.objects.get(run_id=run_id).definition_fingerprint == new.fingerprint
+        assert (versions_row().kept, versions_row().stranded) == (0, 0)
+        report = resume_due_runs(now=now + timedelta(hours=4))
 
-    assert (report.completed, report.failed) == (1, 0)
+    assert (moved.suspended, moved.failed, report.completed) == (1, 0, 1)
     assert recorded(event) == ["first", "second", "appended"]
     assert et.RUN_FAILED not in types_of(run_id)
-    resumed = Event.objects.get(aggregate_id=run_id, type=et.RESUMED)
+    resumed = Event.objects.filter(aggregate_id=run_id, type=et.RESUMED).order_by("id")[0]
     assert resumed.payload["from_fingerprint"] == old.fingerprint
     assert resumed.payload["definition_fingerprint"] == new.fingerprint
     run = WorkflowRun.objects.get(run_id=run_id)
     assert (run.status, run.definition_fingerprint) == (RunStatus.COMPLETED, new.fingerprint)
+    assert run.version == Event.objects.filter(aggregate_id=run_id).count()
     assert check().differences == []  # the status rows rebuild from the streams as they are
 
 
@@ -307,6 +319,7 @@ def test_old_code_leaves_a_run_of_newer_code_once_and_the_health_check_names_it(
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_processes_the_old_worker_leaves_a_new_run_and_the_new_one_resumes_it(tmp_path, past):
+    first_deploy()
     old = Worker(tmp_path, "--loop", "--no-cron", name="old", KUMIKO_TEST_DEPLOY="old")
     new = None
     try:

@@ -276,7 +276,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         cursor = Cursor(path, after=record.after, attempt=record.attempt(row))
     else:  # a rerun of a run that failed after its last step: just complete it
         cursor = Cursor((len(workflow.steps),), after=False)
-    return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=True), True
+    # A move onto an edited definition is appended on its own: its status write comes first.
+    held = moved_from is None
+    return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held), True
 
 
 def resume_due_runs(
