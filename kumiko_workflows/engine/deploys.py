@@ -121,11 +121,11 @@ def _register_on_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
     before, and whatever happens to the transaction that starts it.
     """
     try:
-        if connection.alias != db.alias() or connection.in_atomic_block:
-            return
-    except Exception:  # settings not usable yet: nothing to register into
-        return
-    register_code()
+        if connection.alias == db.alias() and not connection.in_atomic_block:
+            register_code()
+    except Exception:
+        # Never in the way of a connection: a worker registers again before it compares.
+        logger.debug("workflow definitions not registered on connect", exc_info=True)
 
 
 def forget() -> None:
