@@ -94,6 +94,7 @@ def check_versions():
 def first_deploy():
     """A database no code has been seen on (worker processes of other tests leave theirs)."""
     DeployedDefinition.objects.all().delete()
+    deploys.forget()  # what this process registered (as it connected, say) is gone too
 
 
 def register_old_code(workflow):
@@ -331,10 +332,20 @@ def test_two_processes_the_old_worker_leaves_a_new_run_and_the_new_one_resumes_i
         event, run_id = start(until=past)
         assert WorkflowRunPending.objects.filter(run_id=run_id).exists()
 
-        left = wait_for(
-            lambda: WorkerHeartbeat.objects.filter(pk=beat.pk).exclude(left_code=[]).first(),
-            "the old worker to leave the run",
-        )
+        try:
+            left = wait_for(
+                lambda: WorkerHeartbeat.objects.filter(pk=beat.pk).exclude(left_code=[]).first(),
+                "the old worker to leave the run",
+            )
+        except AssertionError as exc:
+            seen = sorted(
+                (str(d.first_seen_at), d.first_seen_by, d.fingerprint[:8], d.workflow_name)
+                for d in DeployedDefinition.objects.all()
+            )
+            raise AssertionError(
+                f"{exc}: {types_of(run_id)} {recorded(event)} {old.out()} "
+                f"{registry.get(NAME).fingerprint[:8]} {seen}"
+            ) from None
         assert left.left_code[0]["fingerprint"] == registry.get(NAME).fingerprint
         assert WorkflowRun.objects.get(run_id=run_id).status == RunStatus.WAITING
         probe = run_manage("workflow_status", "--check", "--max-lag", "off")
