@@ -80,7 +80,6 @@ class Execution(Protocol):
 
     ctx: Any
     now: datetime
-
     @property
     def awaits(self) -> Mapping[str, str]:
         """The workflow's awaits keys and their event types."""
