@@ -249,3 +249,11 @@ def test_a_build_with_warnings_as_errors_fails_on_an_open_fence_and_a_broken_lin
     )
     assert broken.returncode != 0
     assert "missing.md" in broken.stderr and "nope" in broken.stderr
+
+
+def test_the_readmes_links_to_files_of_the_repository_exist():
+    # The README is not part of the Sphinx build, which checks the docs' own links.
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text())
+    local = [target for target in targets if "://" not in target]
+    assert "docs/index.md" in local and "CONTRIBUTING.md" in local
+    assert [target for target in local if not (REPO / target).exists()] == []
