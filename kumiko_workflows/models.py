@@ -479,3 +479,33 @@ class SignalDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"signal of event #{self.event_id} (owner {self.owner})"
+
+
+class TaskAttempt(models.Model):
+    """One attempt of a Django task run by ``kumiko_workflows.tasks`` (a run of a task workflow).
+
+    Mutable bookkeeping beside the run, as ``WorkflowRun.last_error`` is: the
+    traceback of a failed attempt is raw error text, which never goes into an
+    immutable event. Written in the attempt's transaction (a failed one's
+    after its writes rolled back), so an attempt a killed worker never
+    committed leaves no row; deleted with its run by retention.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    run_id = models.UUIDField()
+    attempt = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=300)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    exception_class_path = models.CharField(
+        max_length=500, blank=True, default="", help_text="Empty: the attempt succeeded."
+    )
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = "task attempt"
+        indexes = [models.Index(fields=["run_id", "attempt"], name="kumiko_task_attempt_run")]
+
+    def __str__(self) -> str:
+        return f"task run {self.run_id} attempt {self.attempt}"

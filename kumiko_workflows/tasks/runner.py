@@ -1,0 +1,334 @@
+"""A Django task as a run: the one-step workflow per queue, its attempts, its result.
+
+Enqueueing appends ``kumiko.task-enqueued.<queue>`` (a domain event of
+aggregate type ``kumiko-task``, in the caller's transaction); it triggers the
+queue's workflow ``task:<queue>``, defined with ``start="worker"``, so the
+run is queued in that same transaction and a worker runs it after the
+commit. Its steps: a wait until ``run_after`` when there is one, then the
+task inside the engine's ``steps.retry``, whose attempts, backoff and give-up
+are the engine's. So a task is a run like any other: in the admin,
+``workflow_status``, metrics, the run signals and retention.
+
+Each attempt leaves a :class:`~kumiko_workflows.models.TaskAttempt` row
+(worker id, times, the error's class path and traceback): mutable, never an
+event. A failed attempt's row is written after the engine rolled back the
+attempt's writes (``streams.error_recorders``), in the same transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.utils.module_loading import import_string
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows import steps
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.engine.segment import RunContext
+from kumiko_workflows.models import Event, RunStatus, TaskAttempt, WorkflowRun
+from kumiko_workflows.store import streams
+from kumiko_workflows.tasks import compat
+from kumiko_workflows.workflow.definition import (
+    Workflow,
+    define_workflow,
+    on_cron,
+    on_event,
+    run_id_for,
+)
+
+#: The aggregate type of the enqueue events' streams (one stream per task).
+TASK_AGGREGATE_TYPE = "kumiko-task"
+#: Names of the per-queue workflows and their trigger event types.
+WORKFLOW_PREFIX = "task:"
+EVENT_PREFIX = "kumiko.task-enqueued."
+#: The step result that holds the task's return value.
+RESULT_KEY = "task"
+
+#: Who runs an attempt: this process, as ``host:pid`` (one ``worker_ids`` entry per attempt).
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def workflow_name(queue_name: str) -> str:
+    return WORKFLOW_PREFIX + queue_name
+
+
+def event_type(queue_name: str) -> str:
+    return EVENT_PREFIX + queue_name
+
+
+def _task_key(event: Event) -> str:
+    return str(event.aggregate_id)
+
+
+def _task_path(event: Event) -> str:
+    return str(event.payload["task"])[:200]
+
+
+def _deferred(ctx: RunContext) -> bool:
+    return ctx.event.payload.get("run_after") is not None
+
+
+def _run_after(ctx: RunContext) -> str:
+    return str(ctx.event.payload["run_after"])
+
+
+def _max_attempts(ctx: RunContext) -> int:
+    return int(ctx.event.payload["max_attempts"])
+
+
+def _backoff(ctx: RunContext) -> str:
+    return str(ctx.event.payload["backoff"])
+
+
+def _base_delay(ctx: RunContext) -> Any:
+    value = ctx.event.payload.get("base_delay")
+    return workflow_settings.RETRY_BASE_DELAY if value is None else value
+
+
+def _max_delay(ctx: RunContext) -> Any:
+    return ctx.event.payload.get("max_delay")
+
+
+_defined: set[str] = set()
+
+
+def ensure_queue_workflows(queues: Sequence[str]) -> None:
+    """Define the workflow of each queue not defined yet (at start, and for a new backend)."""
+    for queue in queues:
+        if queue not in _defined:
+            # Defining it again is a no-op (the same fingerprint), so this set only saves time.
+            _defined.add(queue)
+            define_workflow(
+                name=workflow_name(queue),
+                trigger=on_event(event_type(queue)),
+                idempotency_key=_task_key,
+                search_key=_task_path,
+                start="worker",
+                steps=[
+                    steps.branch(if_=_deferred, then=[steps.wait(_run_after)]),
+                    steps.retry(
+                        times=_max_attempts,
+                        backoff=_backoff,
+                        base_delay=_base_delay,
+                        max_delay=_max_delay,
+                        do=[steps.compute(RESULT_KEY, execute)],
+                    ),
+                ],
+            )
+
+
+def run_id_of(queue_name: str, task_id: uuid.UUID, tenant_id: str) -> uuid.UUID:
+    return run_id_for(workflow_name(queue_name), str(task_id), tenant_id)
+
+
+# --- building TaskResults ----------------------------------------------------
+
+
+def task_of(payload: dict[str, Any]) -> Any:
+    """The task an enqueue event names, with the options it was enqueued with."""
+    found = import_string(payload["task"])
+    if not isinstance(found, compat.Task):
+        raise ImportError(f"{payload['task']} is not a task")
+    changes: dict[str, Any] = {
+        "priority": payload["priority"],
+        "queue_name": payload["queue_name"],
+        "backend": payload["backend"],
+    }
+    if payload.get("run_after"):
+        changes["run_after"] = parse_datetime(payload["run_after"])
+    return found.using(**changes)
+
+
+def _errors(attempts: Sequence[TaskAttempt]) -> list[Any]:
+    return [
+        compat.TaskError(exception_class_path=a.exception_class_path, traceback=a.traceback)
+        for a in attempts
+        if a.exception_class_path
+    ]
+
+
+def build_result(
+    task: Any,
+    result_id: str,
+    status: Any,
+    enqueued_at: datetime,
+    payload: dict[str, Any],
+    attempts: Sequence[TaskAttempt],
+    finished_at: datetime | None = None,
+) -> Any:
+    return compat.TaskResult(
+        task=task,
+        id=result_id,
+        status=status,
+        enqueued_at=enqueued_at,
+        started_at=attempts[0].started_at if attempts else None,
+        last_attempted_at=attempts[-1].started_at if attempts else None,
+        finished_at=finished_at,
+        args=payload["args"],
+        kwargs=payload["kwargs"],
+        backend=payload["backend"],
+        errors=_errors(attempts),
+        worker_ids=[a.worker_id for a in attempts],
+    )
+
+
+def load_result(result_id: str) -> Any:
+    """The TaskResult of the run ``result_id``; ``TaskResultDoesNotExist`` if there is none."""
+    try:
+        run_id = uuid.UUID(str(result_id))
+    except ValueError:
+        raise compat.TaskResultDoesNotExist(f"no task result {result_id!r}") from None
+    run = WorkflowRun.objects.filter(
+        run_id=run_id, workflow_name__startswith=WORKFLOW_PREFIX
+    ).first()
+    trigger = (
+        Event.objects.filter(id=run.trigger_event_id, aggregate_type=TASK_AGGREGATE_TYPE).first()
+        if run is not None and run.trigger_event_id is not None
+        else None
+    )
+    if run is None or trigger is None:
+        raise compat.TaskResultDoesNotExist(f"no task result {result_id!r}")
+    payload = trigger.payload
+    try:
+        task = task_of(payload)
+    except (ImportError, AttributeError) as exc:
+        raise compat.TaskResultDoesNotExist(
+            f"task result {result_id!r}: its task {payload['task']!r} cannot be imported ({exc})"
+        ) from None
+    attempts = list(TaskAttempt.objects.filter(run_id=run_id).order_by("attempt", "id"))
+    statuses = compat.TaskResultStatus
+    status = statuses.READY
+    finished_at = None
+    if run.status == RunStatus.COMPLETED:
+        status, finished_at = statuses.SUCCESSFUL, run.finished_at
+    elif run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        status, finished_at = statuses.FAILED, run.finished_at
+    elif run.suspension_type == "retry" and run.wake_at is not None:
+        task = task.using(run_after=run.wake_at)  # a retry waiting: READY, later
+    result = build_result(task, str(run_id), status, trigger.created_at, payload, attempts)
+    object.__setattr__(result, "finished_at", finished_at)
+    if status == statuses.FAILED and not (attempts and attempts[-1].exception_class_path):
+        # Failed by the engine, not by an attempt (cancelled, changed, resume errors).
+        result.errors.append(
+            compat.TaskError(
+                exception_class_path="kumiko_workflows.exceptions.WorkflowError",
+                traceback=run.last_error or f"the run was {run.status} ({run.failure_reason})",
+            )
+        )
+    if status == statuses.SUCCESSFUL:
+        completed = Event.objects.filter(
+            aggregate_id=run_id, type=et.RUN_COMPLETED, tenant_id=run.tenant_id
+        ).first()
+        state = (completed.payload.get("state") or {}) if completed is not None else {}
+        object.__setattr__(result, "_return_value", (state.get("results") or {}).get(RESULT_KEY))
+    return result
+
+
+# --- running an attempt ------------------------------------------------------
+
+
+#: Failed attempts waiting for the engine to roll back their writes, by run id.
+_failed: dict[uuid.UUID, TaskAttempt] = {}
+
+
+def _record_failed_attempt(run_id: uuid.UUID) -> None:
+    row = _failed.pop(run_id, None)
+    if row is not None:
+        row.save(force_insert=True)
+
+
+streams.error_recorders.append(_record_failed_attempt)
+
+
+def execute(ctx: RunContext) -> Any:
+    """Run one attempt of the task, sending the framework's signals as its own backends do."""
+    payload = ctx.event.payload
+    _failed.pop(ctx.run_id, None)
+    task = task_of(payload)
+    backend = compat.task_backends[payload["backend"]]
+    sender = type(backend)
+    previous = list(TaskAttempt.objects.filter(run_id=ctx.run_id).order_by("attempt", "id"))
+    attempt = TaskAttempt(
+        tenant_id=ctx.tenant_id,
+        run_id=ctx.run_id,
+        attempt=len(previous) + 1,
+        worker_id=WORKER_ID,
+        started_at=timezone.now(),
+    )
+    statuses = compat.TaskResultStatus
+    result = build_result(
+        task, str(ctx.run_id), statuses.RUNNING, ctx.event.created_at, payload, [*previous, attempt]
+    )
+    compat.task_started.send(sender=sender, task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(compat.TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+        value = compat.normalize_json(value)
+    except Exception as exc:
+        attempt.finished_at = timezone.now()
+        attempt.exception_class_path = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        attempt.traceback = "".join(traceback.format_exception(exc))
+        final = ctx.retry_attempt >= int(payload["max_attempts"])
+        result.errors.append(
+            compat.TaskError(
+                exception_class_path=attempt.exception_class_path, traceback=attempt.traceback
+            )
+        )
+        object.__setattr__(result, "status", statuses.FAILED if final else statuses.READY)
+        if final:
+            object.__setattr__(result, "finished_at", attempt.finished_at)
+        _failed[ctx.run_id] = attempt
+        compat.task_finished.send(sender=sender, task_result=result)
+        raise
+    attempt.finished_at = timezone.now()
+    attempt.save(force_insert=True)
+    object.__setattr__(result, "finished_at", attempt.finished_at)
+    object.__setattr__(result, "status", statuses.SUCCESSFUL)
+    object.__setattr__(result, "_return_value", value)
+    compat.task_finished.send(sender=sender, task_result=result)
+    return value
+
+
+# --- periodic tasks ----------------------------------------------------------
+
+
+def periodic(
+    task: Any,
+    cron: str,
+    *,
+    timezone: str = "UTC",
+    catch_up: str = "latest",
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> Workflow:
+    """Enqueue ``task(*args, **kwargs)`` at each slot of ``cron``: a cron workflow that enqueues.
+
+    The engine's cron triggers fire it (time zone, catch-up, pause, the
+    admin's schedules); each slot's run enqueues the task in its own
+    transaction, so a slot enqueues it once. ``name`` defaults to
+    ``"periodic:" + the task's module path``.
+    """
+    if not isinstance(task, compat.Task):
+        raise compat.InvalidTask(f"periodic() takes a task (made with @task), got {task!r}")
+    call_args, call_kwargs = list(args), dict(kwargs or {})
+
+    def enqueue(ctx: RunContext) -> dict[str, str]:
+        return {"task_result_id": task.enqueue(*call_args, **call_kwargs).id}
+
+    enqueue.__qualname__ = enqueue.__name__ = "enqueue_periodic_task"
+    return define_workflow(
+        name=name or f"periodic:{task.module_path}",
+        trigger=on_cron(cron, timezone=timezone, catch_up=catch_up),
+        steps=[steps.compute("enqueue", enqueue)],
+    )
