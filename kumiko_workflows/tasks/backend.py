@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.apps import apps
@@ -100,6 +100,20 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
         return merged
 
     def validate_task(self, task: Any) -> None:
+        if task.priority != compat.DEFAULT_TASK_PRIORITY:
+            # Kept on the run (its enqueue event) for claim priorities to come;
+            # the framework refuses a priority where supports_priority is False.
+            priority = task.priority
+            if (
+                isinstance(priority, bool)
+                or not isinstance(priority, int)
+                or not compat.TASK_MIN_PRIORITY <= priority <= compat.TASK_MAX_PRIORITY
+            ):
+                raise compat.InvalidTask(
+                    f"priority must be a whole number between {compat.TASK_MIN_PRIORITY} "
+                    f"and {compat.TASK_MAX_PRIORITY}."
+                )
+            task = replace(task, priority=compat.DEFAULT_TASK_PRIORITY)
         super().validate_task(task)
         if len(task.queue_name) > MAX_QUEUE_NAME:
             raise compat.InvalidTask(f"queue name longer than {MAX_QUEUE_NAME} characters")

@@ -39,6 +39,10 @@ PACKAGE, _root, _base, _backends, _exceptions, _signals = _framework()
 
 task_backends: Any = _root.task_backends
 DEFAULT_TASK_QUEUE_NAME: str = _base.DEFAULT_TASK_QUEUE_NAME
+DEFAULT_TASK_PRIORITY: int = _base.DEFAULT_TASK_PRIORITY
+TASK_MIN_PRIORITY: int = _base.TASK_MIN_PRIORITY
+TASK_MAX_PRIORITY: int = _base.TASK_MAX_PRIORITY
+task: Any = _base.task
 BaseTaskBackend: Any = _backends.BaseTaskBackend
 Task: Any = _base.Task
 TaskContext: Any = _base.TaskContext

@@ -311,13 +311,15 @@ def periodic(
     args: Sequence[Any] = (),
     kwargs: dict[str, Any] | None = None,
     name: str | None = None,
+    register: bool = True,
 ) -> Workflow:
     """Enqueue ``task(*args, **kwargs)`` at each slot of ``cron``: a cron workflow that enqueues.
 
     The engine's cron triggers fire it (time zone, catch-up, pause, the
     admin's schedules); each slot's run enqueues the task in its own
     transaction, so a slot enqueues it once. ``name`` defaults to
-    ``"periodic:" + the task's module path``.
+    ``"periodic:" + the task's module path``; ``register=False`` builds it
+    without registering it (for ``registry.override`` in tests).
     """
     if not isinstance(task, compat.Task):
         raise compat.InvalidTask(f"periodic() takes a task (made with @task), got {task!r}")
@@ -331,4 +333,5 @@ def periodic(
         name=name or f"periodic:{task.module_path}",
         trigger=on_cron(cron, timezone=timezone, catch_up=catch_up),
         steps=[steps.compute("enqueue", enqueue)],
+        register=register,
     )

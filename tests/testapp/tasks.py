@@ -10,14 +10,16 @@ from django.db import connection
 
 from kumiko_workflows.tasks import compat
 
-task = compat._root.task
+task = compat.task
 
-#: Each call of a recording task adds a line here (a file: workers are other processes).
-CALLS = Path(os.environ.get("KUMIKO_TASK_CALLS", "/tmp/kumiko-task-calls"))
+
+def calls_file() -> Path:
+    """Where recording tasks add a line per call (a file: workers are other processes)."""
+    return Path(os.environ.get("KUMIKO_TASK_CALLS", "/tmp/kumiko-task-calls"))
 
 
 def _record(line: str) -> None:
-    with CALLS.open("a") as out:
+    with calls_file().open("a") as out:
         out.write(line + "\n")
 
 
