@@ -8,6 +8,7 @@ sleep; the crash cases kill real processes (PostgreSQL).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import uuid
@@ -15,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 from django.core import checks
+from django.core.management import call_command
 from django.db import transaction
 from django.test import TestCase, override_settings
 from django.utils import timezone
@@ -141,7 +143,7 @@ class TransactionalEnqueueTests(TestCase):
     def test_a_rolled_back_enqueue_never_runs(self):
         with self.assertRaises(ZeroDivisionError), transaction.atomic():
             result = tasks.record.enqueue("rolled back")
-            1 / 0
+            raise ZeroDivisionError("the caller's transaction rolls back")
         drain()
         drain(timezone.now() + timedelta(days=1))
         self.assertEqual(self.calls.lines(), [])
@@ -191,7 +193,8 @@ class FailureAndRetryTests(TestCase):
         result.refresh()
         self.assertEqual(result.status, Status.READY)
         self.assertEqual(result.attempts, 1)
-        self.assertEqual([e.exception_class_path for e in result.errors], ["tests.testapp.tasks.Flaky"])
+        paths = [e.exception_class_path for e in result.errors]
+        self.assertEqual(paths, ["tests.testapp.tasks.Flaky"])
         # refresh() updates the result's fields, not its task: get_result has the run_after.
         waiting = tasks.flaky.get_result(result.id)
         self.assertEqual(waiting.task.run_after, start + timedelta(seconds=60))
@@ -238,6 +241,28 @@ class FailureAndRetryTests(TestCase):
             tasks.task(max_attempts=0)(tasks.add.func)
         with self.assertRaisesMessage(compat.InvalidTask, "backoff must be"):
             tasks.task(backoff="sometimes")(tasks.add.func)
+
+
+@override_settings(TASKS=tasks_setting())
+class QueueTests(TestCase):
+    def test_a_worker_limited_to_a_queue_takes_only_that_queues_tasks(self):
+        email = tasks.send_email.enqueue("b@example.com")
+        other = tasks.add.enqueue(1, 1)
+        report = resume_due_runs(now=timezone.now(), workflows=["task:emails"])
+        self.assertEqual(report.completed, 1)
+        self.assertEqual(tasks.send_email.get_result(email.id).status, Status.SUCCESSFUL)
+        self.assertEqual(tasks.add.get_result(other.id).status, Status.READY)
+        drain()
+        self.assertEqual(tasks.add.get_result(other.id).status, Status.SUCCESSFUL)
+
+    def test_the_worker_commands_queue_option(self):
+        email = tasks.send_email.enqueue("c@example.com")
+        other = tasks.add.enqueue(2, 2)
+        out = io.StringIO()
+        call_command("resume_due_runs", "--queue", "default", "--no-cron", stdout=out)
+        self.assertIn("completed=1", out.getvalue())
+        self.assertEqual(tasks.add.get_result(other.id).status, Status.SUCCESSFUL)
+        self.assertEqual(tasks.send_email.get_result(email.id).status, Status.READY)
 
 
 @override_settings(TASKS=tasks_setting())
@@ -394,7 +419,7 @@ def test_a_task_whose_worker_died_is_run_again_not_left_running(tmp_path):
         after_crash = tasks.dies_once.get_result(result.id)
         assert after_crash.status == Status.READY  # the attempt rolled back with its worker
         assert after_crash.attempts == 0
-        survived = run_manage("resume_due_runs", "--no-cron")
+        survived = run_manage("resume_due_runs", "--no-cron", "--queue", "default")
         assert survived.returncode == 0, survived.stderr
         assert calls.lines() == [f"survived {marker}"]
     done = tasks.dies_once.get_result(result.id)

@@ -36,6 +36,12 @@ from kumiko_workflows.engine.segment import RunContext
 from kumiko_workflows.models import Event, RunStatus, TaskAttempt, WorkflowRun
 from kumiko_workflows.store import streams
 from kumiko_workflows.tasks import compat
+from kumiko_workflows.tasks.names import (
+    TASK_AGGREGATE_TYPE,
+    WORKFLOW_PREFIX,
+    event_type,
+    workflow_name,
+)
 from kumiko_workflows.workflow.definition import (
     Workflow,
     define_workflow,
@@ -44,24 +50,11 @@ from kumiko_workflows.workflow.definition import (
     run_id_for,
 )
 
-#: The aggregate type of the enqueue events' streams (one stream per task).
-TASK_AGGREGATE_TYPE = "kumiko-task"
-#: Names of the per-queue workflows and their trigger event types.
-WORKFLOW_PREFIX = "task:"
-EVENT_PREFIX = "kumiko.task-enqueued."
 #: The step result that holds the task's return value.
 RESULT_KEY = "task"
 
 #: Who runs an attempt: this process, as ``host:pid`` (one ``worker_ids`` entry per attempt).
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-
-
-def workflow_name(queue_name: str) -> str:
-    return WORKFLOW_PREFIX + queue_name
-
-
-def event_type(queue_name: str) -> str:
-    return EVENT_PREFIX + queue_name
 
 
 def _task_key(event: Event) -> str:
