@@ -482,13 +482,13 @@ class SignalDelivery(models.Model):
 
 
 class TaskAttempt(models.Model):
-    """One attempt of a Django task run by ``kumiko_workflows.tasks`` (a run of a task workflow).
+    """A failed attempt of a Django task run by ``kumiko_workflows.tasks`` (a task workflow's run).
 
     Mutable bookkeeping beside the run, as ``WorkflowRun.last_error`` is: the
-    traceback of a failed attempt is raw error text, which never goes into an
-    immutable event. Written in the attempt's transaction (a failed one's
-    after its writes rolled back), so an attempt a killed worker never
-    committed leaves no row; deleted with its run by retention.
+    traceback is raw error text, which never goes into an immutable event.
+    Written in the attempt's transaction after its writes rolled back, so an
+    attempt a killed worker never committed leaves no row; deleted with its
+    run by retention. (The successful attempt is in the run's completed event.)
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -498,9 +498,7 @@ class TaskAttempt(models.Model):
     worker_id = models.CharField(max_length=300)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
-    exception_class_path = models.CharField(
-        max_length=500, blank=True, default="", help_text="Empty: the attempt succeeded."
-    )
+    exception_class_path = models.CharField(max_length=500)
     traceback = models.TextField(blank=True, default="")
 
     class Meta:

@@ -9,14 +9,17 @@ task inside the engine's ``steps.retry``, whose attempts, backoff and give-up
 are the engine's. So a task is a run like any other: in the admin,
 ``workflow_status``, metrics, the run signals and retention.
 
-Each attempt leaves a :class:`~kumiko_workflows.models.TaskAttempt` row
+Each failed attempt leaves a :class:`~kumiko_workflows.models.TaskAttempt` row
 (worker id, times, the error's class path and traceback): mutable, never an
-event. A failed attempt's row is written after the engine rolled back the
-attempt's writes (``streams.error_recorders``), in the same transaction.
+event, written after the engine rolled back the attempt's writes
+(``streams.error_recorders``), in the same transaction. The successful
+attempt (worker id, start, return value) is the step's result, kept in the
+run's ``workflow.run-completed`` event: a task costs no row more than a run.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import traceback
@@ -127,16 +130,24 @@ def run_id_of(queue_name: str, task_id: uuid.UUID, tenant_id: str) -> uuid.UUID:
 
 def task_of(payload: dict[str, Any]) -> Any:
     """The task an enqueue event names, with the options it was enqueued with."""
-    found = import_string(payload["task"])
+    return _task(
+        payload["task"],
+        payload["priority"],
+        payload["queue_name"],
+        payload["backend"],
+        payload.get("run_after"),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _task(path: str, priority: int, queue_name: str, backend: str, run_after: str | None) -> Any:
+    # Cached: a worker runs many tasks of few kinds (a Task is immutable).
+    found = import_string(path)
     if not isinstance(found, compat.Task):
-        raise ImportError(f"{payload['task']} is not a task")
-    changes: dict[str, Any] = {
-        "priority": payload["priority"],
-        "queue_name": payload["queue_name"],
-        "backend": payload["backend"],
-    }
-    if payload.get("run_after"):
-        changes["run_after"] = parse_datetime(payload["run_after"])
+        raise ImportError(f"{path} is not a task")
+    changes: dict[str, Any] = {"priority": priority, "queue_name": queue_name, "backend": backend}
+    if run_after:
+        changes["run_after"] = parse_datetime(run_after)
     return found.using(**changes)
 
 
@@ -197,6 +208,20 @@ def load_result(result_id: str) -> Any:
             f"task result {result_id!r}: its task {payload['task']!r} cannot be imported ({exc})"
         ) from None
     attempts = list(TaskAttempt.objects.filter(run_id=run_id).order_by("attempt", "id"))
+    succeeded: dict[str, Any] = {}
+    if run.status == RunStatus.COMPLETED:
+        completed = Event.objects.filter(
+            aggregate_id=run_id, type=et.RUN_COMPLETED, tenant_id=run.tenant_id
+        ).first()
+        state = (completed.payload.get("state") or {}) if completed is not None else {}
+        succeeded = (state.get("results") or {}).get(RESULT_KEY) or {}
+        if succeeded.get("worker_id"):
+            attempts.append(
+                TaskAttempt(
+                    worker_id=succeeded["worker_id"],
+                    started_at=parse_datetime(succeeded["started_at"]),
+                )
+            )
     statuses = compat.TaskResultStatus
     status = statuses.READY
     finished_at = None
@@ -217,11 +242,7 @@ def load_result(result_id: str) -> Any:
             )
         )
     if status == statuses.SUCCESSFUL:
-        completed = Event.objects.filter(
-            aggregate_id=run_id, type=et.RUN_COMPLETED, tenant_id=run.tenant_id
-        ).first()
-        state = (completed.payload.get("state") or {}) if completed is not None else {}
-        object.__setattr__(result, "_return_value", (state.get("results") or {}).get(RESULT_KEY))
+        object.__setattr__(result, "_return_value", succeeded.get("return_value"))
     return result
 
 
@@ -248,7 +269,14 @@ def execute(ctx: RunContext) -> Any:
     task = task_of(payload)
     backend = compat.task_backends[payload["backend"]]
     sender = type(backend)
-    previous = list(TaskAttempt.objects.filter(run_id=ctx.run_id).order_by("attempt", "id"))
+    # Attempts before this one left rows (failed ones do); the first attempt of
+    # a run has none to read, unless the run was rerun (then its attempt in
+    # flight counts from 1 again; get_result counts them all).
+    previous = (
+        list(TaskAttempt.objects.filter(run_id=ctx.run_id).order_by("attempt", "id"))
+        if ctx.retry_attempt > 1
+        else []
+    )
     attempt = TaskAttempt(
         tenant_id=ctx.tenant_id,
         run_id=ctx.run_id,
@@ -283,13 +311,17 @@ def execute(ctx: RunContext) -> Any:
         _failed[ctx.run_id] = attempt
         compat.task_finished.send(sender=sender, task_result=result)
         raise
-    attempt.finished_at = timezone.now()
-    attempt.save(force_insert=True)
-    object.__setattr__(result, "finished_at", attempt.finished_at)
+    object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "status", statuses.SUCCESSFUL)
     object.__setattr__(result, "_return_value", value)
     compat.task_finished.send(sender=sender, task_result=result)
-    return value
+    # The successful attempt is kept in the run's completed event (no error
+    # text in it), so a task costs no row more than a run.
+    return {
+        "return_value": value,
+        "worker_id": WORKER_ID,
+        "started_at": attempt.started_at.isoformat(),
+    }
 
 
 # --- periodic tasks ----------------------------------------------------------
