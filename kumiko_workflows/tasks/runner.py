@@ -53,8 +53,9 @@ from kumiko_workflows.workflow.definition import (
     run_id_for,
 )
 
-#: The step result that holds the task's return value.
+#: The step result that holds the successful attempt: of a task retried, of one run once.
 RESULT_KEY = "task"
+ONCE_KEY = "task_once"
 
 #: Who runs an attempt: this process, as ``host:pid`` (one ``worker_ids`` entry per attempt).
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -78,6 +79,10 @@ def _run_after(ctx: RunContext) -> str:
 
 def _max_attempts(ctx: RunContext) -> int:
     return int(ctx.event.payload["max_attempts"])
+
+
+def _retried(ctx: RunContext) -> bool:
+    return _max_attempts(ctx) > 1
 
 
 def _backoff(ctx: RunContext) -> str:
@@ -110,12 +115,19 @@ def ensure_queue_workflows(queues: Sequence[str]) -> None:
                 start="worker",
                 steps=[
                     steps.branch(if_=_deferred, then=[steps.wait(_run_after)]),
-                    steps.retry(
-                        times=_max_attempts,
-                        backoff=_backoff,
-                        base_delay=_base_delay,
-                        max_delay=_max_delay,
-                        do=[steps.compute(RESULT_KEY, execute)],
+                    steps.branch(
+                        if_=_retried,
+                        then=[
+                            steps.retry(
+                                times=_max_attempts,
+                                backoff=_backoff,
+                                base_delay=_base_delay,
+                                max_delay=_max_delay,
+                                do=[steps.compute(RESULT_KEY, execute)],
+                            )
+                        ],
+                        # One attempt needs no retry, nor its savepoint per attempt.
+                        else_=[steps.compute(ONCE_KEY, execute)],
                     ),
                 ],
             )
@@ -214,7 +226,8 @@ def load_result(result_id: str) -> Any:
             aggregate_id=run_id, type=et.RUN_COMPLETED, tenant_id=run.tenant_id
         ).first()
         state = (completed.payload.get("state") or {}) if completed is not None else {}
-        succeeded = (state.get("results") or {}).get(RESULT_KEY) or {}
+        results = state.get("results") or {}
+        succeeded = results.get(RESULT_KEY) or results.get(ONCE_KEY) or {}
         if succeeded.get("worker_id"):
             attempts.append(
                 TaskAttempt(
