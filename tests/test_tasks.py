@@ -346,6 +346,11 @@ class CheckTests(TestCase):
         self.assertEqual(ids, ["kumiko_workflows.E101", "kumiko_workflows.E102"])
         self.assertTrue(all(m.level == checks.ERROR for m in self.messages(BOGUS=1)))
 
+    def test_manage_py_check_runs_the_backends_checks(self):
+        with override_settings(TASKS=tasks_setting(BOGUS=1)):
+            ids = [m.id for m in checks.run_checks()]
+        self.assertIn("kumiko_workflows.E101", ids)
+
     def test_the_app_not_installed_is_reported(self):
         with override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]):
             ids = [m.id for m in self.messages()]

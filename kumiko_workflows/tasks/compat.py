@@ -36,6 +36,10 @@ def _framework() -> tuple[str, Any, Any, Any, Any, Any]:
 
 
 PACKAGE, _root, _base, _backends, _exceptions, _signals = _framework()
+if PACKAGE == "django_tasks":
+    # Django 6 registers the backends' system checks on import; the backport
+    # only in its app's ready(): register them without "django_tasks" installed.
+    import_module("django_tasks.checks")
 
 task_backends: Any = _root.task_backends
 DEFAULT_TASK_QUEUE_NAME: str = _base.DEFAULT_TASK_QUEUE_NAME

@@ -340,6 +340,15 @@ def execute(ctx: RunContext) -> Any:
 # --- periodic tasks ----------------------------------------------------------
 
 
+#: What each periodic task's workflow enqueues, by workflow name: (task, args, kwargs).
+_periodic: dict[str, tuple[Any, list[Any], dict[str, Any]]] = {}
+
+
+def _enqueue_periodic(ctx: RunContext) -> dict[str, str]:
+    task, args, kwargs = _periodic[ctx.workflow_name]
+    return {"task_result_id": task.enqueue(*args, **kwargs).id}
+
+
 def periodic(
     task: Any,
     cron: str,
@@ -361,15 +370,11 @@ def periodic(
     """
     if not isinstance(task, compat.Task):
         raise compat.InvalidTask(f"periodic() takes a task (made with @task), got {task!r}")
-    call_args, call_kwargs = list(args), dict(kwargs or {})
-
-    def enqueue(ctx: RunContext) -> dict[str, str]:
-        return {"task_result_id": task.enqueue(*call_args, **call_kwargs).id}
-
-    enqueue.__qualname__ = enqueue.__name__ = "enqueue_periodic_task"
+    name = name or f"periodic:{task.module_path}"
+    _periodic[name] = (task, list(args), dict(kwargs or {}))
     return define_workflow(
-        name=name or f"periodic:{task.module_path}",
+        name=name,
         trigger=on_cron(cron, timezone=timezone, catch_up=catch_up),
-        steps=[steps.compute("enqueue", enqueue)],
+        steps=[steps.compute("enqueue", _enqueue_periodic)],
         register=register,
     )
