@@ -430,3 +430,40 @@ def test_a_task_whose_worker_died_is_run_again_not_left_running(tmp_path):
     done = tasks.dies_once.get_result(result.id)
     assert (done.status, done.return_value, done.attempts) == (Status.SUCCESSFUL, "survived", 1)
 
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_many_tasks_three_workers_one_sigkilled_each_task_finishes_exactly_once(tmp_path):
+    from kumiko_workflows import event_types as et
+    from tests.faults_support import Worker, wait_for
+
+    n = 600
+    with _calls_file():
+        with transaction.atomic():
+            ids = [tasks.record.enqueue(f"task {i}").id for i in range(n)]
+        workers = [
+            Worker(tmp_path, "--loop", "--no-cron", "--interval", "1", name=f"kumiko-task-w{i}")
+            for i in range(3)
+        ]
+        try:
+
+            def completed() -> int:
+                return WorkflowRun.objects.filter(run_id__in=ids, status="completed").count()
+
+            wait_for(lambda: completed() >= n // 4, "a quarter of the tasks to complete")
+            workers[0].signal(9)  # mid-batch: its uncommitted tasks roll back
+            assert workers[0].wait() == -9
+            wait_for(lambda: completed() == n, "every task to complete")
+        finally:
+            for worker in workers[1:]:
+                worker.stop()
+            workers[0].signal(9)
+    finals = (
+        Event.objects.filter(aggregate_id__in=ids, type__in=et.TERMINAL)
+        .values_list("aggregate_id", flat=True)
+    )
+    assert len(finals) == n and len(set(finals)) == n  # one final event per task, no more
+    statuses = {tasks.record.get_result(str(i)).status for i in ids[:: n // 20]}
+    assert statuses == {Status.SUCCESSFUL}
+    assert not TaskAttempt.objects.filter(run_id__in=ids).exists()

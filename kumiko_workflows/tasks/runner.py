@@ -232,7 +232,7 @@ def load_result(result_id: str) -> Any:
             attempts.append(
                 TaskAttempt(
                     worker_id=succeeded["worker_id"],
-                    started_at=parse_datetime(succeeded["started_at"]),
+                    started_at=datetime.fromisoformat(succeeded["started_at"]),
                 )
             )
     statuses = compat.TaskResultStatus
