@@ -431,7 +431,6 @@ def test_a_task_whose_worker_died_is_run_again_not_left_running(tmp_path):
     assert (done.status, done.return_value, done.attempts) == (Status.SUCCESSFUL, "survived", 1)
 
 
-
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_many_tasks_three_workers_one_sigkilled_each_task_finishes_exactly_once(tmp_path):
@@ -459,9 +458,8 @@ def test_many_tasks_three_workers_one_sigkilled_each_task_finishes_exactly_once(
             for worker in workers[1:]:
                 worker.stop()
             workers[0].signal(9)
-    finals = (
-        Event.objects.filter(aggregate_id__in=ids, type__in=et.TERMINAL)
-        .values_list("aggregate_id", flat=True)
+    finals = Event.objects.filter(aggregate_id__in=ids, type__in=et.TERMINAL).values_list(
+        "aggregate_id", flat=True
     )
     assert len(finals) == n and len(set(finals)) == n  # one final event per task, no more
     statuses = {tasks.record.get_result(str(i)).status for i in ids[:: n // 20]}

@@ -82,8 +82,7 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
             for key in ("max_attempts", "backoff", "base_delay", "max_delay")
         }
         merged = {
-            key: self._option(key.upper()) if value is None else value
-            for key, value in own.items()
+            key: self._option(key.upper()) if value is None else value for key, value in own.items()
         }
         attempts = merged["max_attempts"]
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
