@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from django.apps import apps
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
@@ -50,6 +51,7 @@ from kumiko_workflows.workflow.definition import (
     define_workflow,
     on_cron,
     on_event,
+    registry,
     run_id_for,
 )
 
@@ -98,15 +100,12 @@ def _max_delay(ctx: RunContext) -> Any:
     return ctx.event.payload.get("max_delay")
 
 
-_defined: set[str] = set()
-
-
 def ensure_queue_workflows(queues: Sequence[str]) -> None:
     """Define the workflow of each queue not defined yet (at start, and for a new backend)."""
     for queue in queues:
-        if queue not in _defined:
-            # Defining it again is a no-op (the same fingerprint), so this set only saves time.
-            _defined.add(queue)
+        # At start (the app's ready()) the registry cannot be asked yet; defining
+        # it again is a no-op (the same fingerprint).
+        if not apps.ready or registry.get(workflow_name(queue)) is None:
             define_workflow(
                 name=workflow_name(queue),
                 trigger=on_event(event_type(queue)),
