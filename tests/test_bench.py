@@ -48,8 +48,11 @@ def assert_result_lines(output: str) -> None:
         ), output
     # The drain at the configured BATCH_SIZE and at one run per commit, each beside the floor,
     # and traced beside untraced.
-    for name in ("append", "drain", "drain_batch1", "drain_traced"):
+    for name in ("append", "drain", "drain_batch1", "drain_traced", "tasks"):
         assert re.search(rf"^RATIO name={name} value=[\d.]+$", output, re.M), output
+    # Django tasks: enqueued, then executed beside the same number of one-step runs.
+    for name in ("tasks", "tasks_enqueue"):
+        assert re.search(rf"^RESULT name=kumiko_{name} n=\d+ ", output, re.M), output
     # Tracing and metrics on beside off: every run's spans were exported.
     assert re.search(
         r"^DRAIN_TRACED worker_cpu_us_per_run_off=\d+ worker_cpu_us_per_run_on=\d+ "

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
@@ -302,8 +302,12 @@ def resume_due_runs(
     *,
     now: datetime | None = None,
     should_stop: Callable[[], bool] | None = None,
+    workflows: Sequence[str] | None = None,
 ) -> ResumeReport:
     """Resume every due run (of one tenant, or all), oldest first.
+
+    ``workflows`` limits the pass to runs of those workflows (the worker's
+    ``--queue``: the task queues' workflows).
 
     Wake-up checks left for later are decided first. Rows are claimed one at
     a time and committed up to ``KUMIKO_WORKFLOWS['BATCH_SIZE']`` per
@@ -329,10 +333,13 @@ def resume_due_runs(
     report = ResumeReport()
     tenants = [tenant_id] if tenant_id is not None else db.due_tenants(start)
     leaving = deploys.leaving()
-    for tenant in tenants:
-        _drain_tenant(tenant, start, moment, report, limit, should_stop or (lambda: False), leaving)
-        if should_stop and should_stop():
-            break
+    with db.claiming_only(workflows) if workflows is not None else nullcontext():
+        for tenant in tenants:
+            _drain_tenant(
+                tenant, start, moment, report, limit, should_stop or (lambda: False), leaving
+            )
+            if should_stop and should_stop():
+                break
     return report
 
 
