@@ -192,7 +192,7 @@ def _database_url(tmp_path: Path) -> str:
 
 
 def test_the_readme_command_runs_every_scenario_on_freshly_created_databases(tmp_path):
-    # What a user does (README, Performance): the bench's own settings, the
+    # What a user does (docs/discussions/performance.md): the bench's own settings, the
     # server in DATABASE_URL, a real process. Every measurement runs on a
     # database the bench has just created and migrated (so a drain's seeded
     # events have ids from 1, the ids a scratch copy of the event table hands
