@@ -17,7 +17,15 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
+from kumiko_workflows import (
+    RunNotRerunnable,
+    define_workflow,
+    on_event,
+    rerun_run,
+    resume_due_runs,
+    run_id_for,
+    steps,
+)
 from kumiko_workflows import event_types as et
 from kumiko_workflows.engine import deploys
 from kumiko_workflows.engine.worker import Worker as InProcessWorker
@@ -366,3 +374,32 @@ def test_two_processes_the_old_worker_leaves_a_new_run_and_the_new_one_resumes_i
     assert recorded(event) == ["first", "second", "appended"]
     assert et.RUN_FAILED not in types_of(run_id)
     assert old.log().count("Restart this worker") == 1, old.log()
+
+
+@pytest.mark.django_db
+def test_a_failed_run_reruns_after_an_edit_past_its_step_and_not_after_one_at_it(now, future):
+    old = definition(steps.compute("second", w.boom))
+    with registry.override(old):
+        _, run_id = start(until=future)
+        resume_due_runs(now=now + timedelta(hours=2))
+    assert WorkflowRun.objects.get(run_id=run_id).status == RunStatus.FAILED
+    at_step = definition(steps.compute("second", w.record("fixed")))
+    appended = definition(
+        steps.compute("second", w.boom), extra=[steps.compute("appended", w.record("appended"))]
+    )
+
+    with registry.override(at_step), pytest.raises(RunNotRerunnable) as refused:
+        rerun_run(run_id)
+    with registry.override(appended):
+        assert rerun_run(run_id)
+        resume_due_runs(now=now + timedelta(hours=2))
+
+    assert "changed where the run is (step 2)" in str(refused.value)
+    assert "step 2 (compute 'second')" in str(refused.value)
+    # The rerun resumed on the edited definition (its step 2 unchanged, so it fails again there).
+    assert types_of(run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.RUN_FAILED]
+    resumed = Event.objects.filter(aggregate_id=run_id, type=et.RESUMED).order_by("-id")[0]
+    assert resumed.payload["from_fingerprint"] == old.fingerprint
+    run = WorkflowRun.objects.get(run_id=run_id)
+    assert (run.definition_fingerprint, run.failure_reason) == (appended.fingerprint, "step_failed")
+    assert check().differences == []
