@@ -298,7 +298,7 @@ def test_rerun_is_refused_when_the_definition_changed(client, root):
     assert 'id="kw-rerun_failed"' not in page  # not offered beside "not possible"
     texts = messages_of(client.get(response["Location"]))
     assert len(texts) == 1 and texts[0].startswith("Refused 1 run: ")
-    assert "changed since it started" in texts[0]
+    assert "changed where the run is (step 0)" in texts[0]
     assert types_of(failed.run_id)[-1] == et.RUN_FAILED
 
 

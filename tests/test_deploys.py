@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import signal
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -17,15 +19,25 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
+from kumiko_workflows import (
+    RunNotRerunnable,
+    define_workflow,
+    on_event,
+    rerun_run,
+    resume_due_runs,
+    run_id_for,
+    signals,
+    steps,
+)
 from kumiko_workflows import event_types as et
-from kumiko_workflows.engine import deploys
+from kumiko_workflows.engine import deploys, transitions
 from kumiko_workflows.engine.worker import Worker as InProcessWorker
 from kumiko_workflows.management.commands.workflow_status import health
 from kumiko_workflows.models import (
     DeployedDefinition,
     Event,
     RunStatus,
+    SignalDelivery,
     WorkerHeartbeat,
     WorkflowRun,
     WorkflowRunPending,
@@ -366,3 +378,70 @@ def test_two_processes_the_old_worker_leaves_a_new_run_and_the_new_one_resumes_i
     assert recorded(event) == ["first", "second", "appended"]
     assert et.RUN_FAILED not in types_of(run_id)
     assert old.log().count("Restart this worker") == 1, old.log()
+
+
+@pytest.mark.django_db
+def test_a_failed_run_reruns_after_an_edit_past_its_step_and_not_after_one_at_it(now, future):
+    old = definition(steps.compute("second", w.boom))
+    with registry.override(old):
+        _, run_id = start(until=future)
+        resume_due_runs(now=now + timedelta(hours=2))
+    assert WorkflowRun.objects.get(run_id=run_id).status == RunStatus.FAILED
+    at_step = definition(steps.compute("second", w.record("fixed")))
+    appended = definition(
+        steps.compute("second", w.boom), extra=[steps.compute("appended", w.record("appended"))]
+    )
+
+    with registry.override(at_step), pytest.raises(RunNotRerunnable) as refused:
+        rerun_run(run_id)
+    with registry.override(appended):
+        assert rerun_run(run_id)
+        resume_due_runs(now=now + timedelta(hours=2))
+
+    assert "changed where the run is (step 2)" in str(refused.value)
+    assert "step 2 (compute 'second')" in str(refused.value)
+    # The rerun resumed on the edited definition (its step 2 unchanged, so it fails again there).
+    assert types_of(run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.RUN_FAILED]
+    resumed = Event.objects.filter(aggregate_id=run_id, type=et.RESUMED).order_by("-id")[0]
+    assert resumed.payload["from_fingerprint"] == old.fingerprint
+    run = WorkflowRun.objects.get(run_id=run_id)
+    assert (run.definition_fingerprint, run.failure_reason) == (appended.fingerprint, "step_failed")
+    assert check().differences == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_old_code_leaves_a_newer_runs_left_over_signal_for_a_worker_with_that_code(past):
+    """Its receivers (and the run's sender) are in the newer code: the old one would drop them."""
+    old = definition()
+    new = definition(extra=[steps.compute("appended", w.record("appended"))])
+    heard = []
+
+    def receiver(sender, **kwargs):
+        heard.append((sender, kwargs["delivery_id"]))
+
+    register_old_code(old)
+    signals.run_completed.connect(receiver, weak=False, dispatch_uid="test-deploys-leftover")
+    try:
+        with registry.override(new):
+            assert deploys.register_code(force=True)
+            _, run_id = start(until=past)
+            resume_due_runs()
+        completion = Event.objects.get(aggregate_id=run_id, type=et.RUN_COMPLETED)
+        # As a new worker killed before its receivers ran leaves it.
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        owner = f"{transitions._HOST}:{dead.pid}:0123456789ab"
+        SignalDelivery.objects.create(event_id=completion.id, tenant_id="default", owner=owner)
+        heard.clear()
+
+        with registry.override(old):
+            deploys.forget()
+            assert transitions.deliver_leftovers() == 0
+        assert heard == [] and SignalDelivery.objects.filter(owner=owner).exists()
+        with registry.override(new):
+            deploys.forget()
+            assert transitions.deliver_leftovers() == 1
+            assert heard == [(new, completion.id)]
+    finally:
+        signals.run_completed.disconnect(dispatch_uid="test-deploys-leftover")
+    assert SignalDelivery.objects.count() == 0

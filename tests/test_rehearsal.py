@@ -15,11 +15,15 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.core.management import CommandError, call_command
+from django.db import connections
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows import run_id_for
+from kumiko_workflows.engine import deploys
 from kumiko_workflows.engine.cron import next_slot, schedule_overview
 from kumiko_workflows.engine.rehearsal import NOT_ROLLED_BACK
+from kumiko_workflows.models import DeployedDefinition
+from kumiko_workflows.store import db
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import registry
 from tests.conftest import trigger, types_of
@@ -171,3 +175,18 @@ def test_a_past_now_writes_and_resumes_only_what_was_due_by_then():
     assert out.startswith("resume_due_runs: resumed=1 completed=1 ")
     assert types_of(due_two_hours_ago)[-1] == et.RUN_COMPLETED
     assert types_of(due_ten_minutes_ago)[-1] == et.WAITING
+
+
+def test_a_dry_run_that_opens_the_connection_registers_no_definitions():
+    # A rehearsal as its own process would make it: the code never seen on this
+    # database, the connection opened by the dry run itself (where the code
+    # registers its definitions as it connects).
+    waiting_run(iso(-timedelta(hours=1)))
+    DeployedDefinition.objects.all().delete()
+    deploys.forget()
+    before = every_table()
+    connections[db.alias()].close()
+
+    command("resume_due_runs", "--dry-run")
+
+    assert every_table() == before

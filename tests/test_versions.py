@@ -30,7 +30,13 @@ from kumiko_workflows import (
 from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.management.commands.workflow_status import status_report
-from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
+from kumiko_workflows.models import (
+    Event,
+    RunStatus,
+    WorkflowRun,
+    WorkflowRunPending,
+    WorkflowWaitKey,
+)
 from kumiko_workflows.operations.explain import timeline
 from kumiko_workflows.operations.rebuild import check
 from kumiko_workflows.operations.versions import version_table
@@ -306,6 +312,29 @@ def test_declaring_v1_again_and_rerunning_resumes_its_wait_with_its_deadline(now
     assert recorded(event) == ["before", "after"]
     assert types_of(run_id)[-3:] == [et.RERUN_REQUESTED, et.RESUMED, et.WAITING]
     assert WorkflowRunPending.objects.get(run_id=run_id).step == "3"  # the second wait
+    assert check().differences == []
+
+
+def test_declaring_v1_again_edited_after_the_wait_reruns_the_wait_as_it_was_on_the_edit(now):
+    """The rerun's kept suspension and an edit the run survives: both hold, nothing restarts."""
+    with registry.override(version_1()):
+        event, run_id = start()  # waits PT1H at step 1
+    wait = WorkflowRunPending.objects.get(run_id=run_id)
+    with registry.override(version_2()):
+        drain(now, 2)
+    assert run_of(run_id).failure_reason == "workflow_definition_changed"
+    appended = [steps.compute("appended", w.record("appended"))]
+    edited = version_1(steps=[*version_1().steps, *appended])
+
+    with registry.override(edited, version_2()):  # v1 declared again, a step appended
+        assert rerun_run(run_id, by="ops")
+        row = WorkflowRunPending.objects.get(run_id=run_id)
+        assert (row.suspension_type, row.step, row.wake_at) == ("wait", "1", wait.wake_at)
+        drain(now, 2, 3)  # the hour was over: resumed at once, then the second wait
+
+    assert recorded(event) == ["before", "after", "appended"]
+    assert run_of(run_id).status == RunStatus.COMPLETED
+    assert run_of(run_id).definition_fingerprint == edited.fingerprint
     assert check().differences == []
 
 

@@ -26,7 +26,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import KeysView, Mapping
+from collections.abc import Iterator, KeysView, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -113,6 +115,23 @@ def register_code(*, force: bool = False) -> bool:
     return True
 
 
+_held: ContextVar[bool] = ContextVar("kumiko_registration_held", default=False)
+
+
+@contextmanager
+def not_registering_on_connect() -> Iterator[None]:
+    """No registration as a connection opens during the block (a rehearsal writes nothing).
+
+    Registering on connect commits at once, outside the rehearsal's
+    transaction; inside it, :func:`register_code` is rolled back with the rest.
+    """
+    token = _held.set(True)
+    try:
+        yield
+    finally:
+        _held.reset(token)
+
+
 @receiver(connection_created)
 def _register_on_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
     """Register this process's code as it first connects, outside any transaction.
@@ -120,6 +139,8 @@ def _register_on_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
     So a web process that starts a run has registered its definitions
     before, and whatever happens to the transaction that starts it.
     """
+    if _held.get():
+        return
     try:
         if connection.alias == db.alias() and not connection.in_atomic_block:
             register_code()

@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 from django.db.models.signals import post_save
 
 from kumiko_workflows import event_types as et
+from kumiko_workflows.engine.deploys import not_registering_on_connect
 from kumiko_workflows.models import Event
 from kumiko_workflows.store import db
 
@@ -97,7 +98,7 @@ def rehearse(work: Callable[[], T]) -> Rehearsal[T]:
 
     post_save.connect(collect, sender=Event, weak=False)
     try:
-        with db.atomic():
+        with not_registering_on_connect(), db.atomic():
             try:
                 result = work()
             finally:

@@ -110,37 +110,6 @@ class ResumeReport:
         return " ".join(f"{key}={value}" for key, value in items.items())
 
 
-def _definition_changed(
-    name: str, version: int | None, tenant_id: str, run_id: uuid.UUID, workflow: Workflow | None
-) -> str:
-    """Why a run cannot resume on the code deployed: gone, or changed (naming the steps)."""
-    declared = registry.versions(name)
-    if not declared:
-        return f"workflow {name!r} is not registered (was it removed or renamed?)"
-    if workflow is None and version is not None:
-        return (
-            f"version {version} of workflow {name!r} is no longer declared (declared: "
-            f"{', '.join(str(w.version) for w in declared)}); declare it beside the new one "
-            "until its runs drain, or move them with migrate_workflow_runs"
-        )
-    # The steps as the run's definition had them when it started or was moved.
-    origin = (
-        Event.objects.filter(
-            tenant_id=tenant_id, aggregate_id=run_id, type__in=(et.RUN_STARTED, et.RUN_MIGRATED)
-        )
-        .order_by("-version")
-        .first()
-    )
-    old_prints = origin.payload.get("step_fingerprints") if origin else None
-    if workflow is None:  # no version recorded, and no declared one has its fingerprint
-        workflow = declared[-1]
-    return (
-        f"workflow {name!r} changed since it started: "
-        if version is None
-        else f"version {version} of workflow {name!r} changed since it started: "
-    ) + workflow.changes_since(old_prints)
-
-
 def _state_problem(state: Any) -> str | None:
     """What is wrong with a pending row's state snapshot, or None."""
     if state is None:
@@ -654,21 +623,14 @@ def rerun_refusal(run: WorkflowRun) -> str | None:
 def _rerun_basis(run: WorkflowRun) -> tuple[Workflow, Event]:
     """The definition a rerun of ``run`` runs on and the failure it starts from.
 
-    Raises :class:`RunNotRerunnable` when the run is not failed, its
-    workflow's definition changed since it started, or it failed before its
-    first step (a failure records where a rerun starts as "retry_from").
+    Raises :class:`RunNotRerunnable` when the run is not failed, it failed
+    before its first step (a failure records where a rerun starts as
+    "retry_from"), or its version is no longer declared or was edited at or
+    before that step: the rule a resume follows (an edit after it keeps the
+    run, which the resume moves onto the edited definition).
     """
     if run.status != RunStatus.FAILED:
         raise RunNotRerunnable(f"run {run.run_id} is {run.status}, not failed")
-    # A rerun keeps the run's version: that version's code must still be declared, unchanged.
-    workflow = registry.of_run(run.workflow_name, run.workflow_version, run.definition_fingerprint)
-    if workflow is None or workflow.fingerprint != run.definition_fingerprint:
-        raise RunNotRerunnable(
-            f"run {run.run_id} cannot be rerun, its workflow changed: "
-            + _definition_changed(
-                run.workflow_name, run.workflow_version, run.tenant_id, run.run_id, workflow
-            )
-        )
     failed = (
         Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id, type=et.RUN_FAILED)
         .order_by("-version")
@@ -676,6 +638,15 @@ def _rerun_basis(run: WorkflowRun) -> tuple[Workflow, Event]:
     )
     if failed is None or failed.payload.get("retry_from") is None:
         raise RunNotRerunnable(f"run {run.run_id} failed before its first step could run")
+    workflow, problem = deploys.compatible(
+        run.workflow_name,
+        run.workflow_version,
+        run.definition_fingerprint,
+        failed.payload["retry_from"],
+        deploys.run_prints(run.tenant_id, run.run_id, run.definition_fingerprint),
+    )
+    if workflow is None:
+        raise RunNotRerunnable(f"run {run.run_id} cannot be rerun, its workflow changed: {problem}")
     return workflow, failed
 
 
@@ -688,9 +659,10 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     resumes that suspension as it was instead: a wait keeps its deadline
     (one already passed resumes at once), a ``wait_for_event`` its timeout
     and its match, and an event that arrived meanwhile is looked back for
-    as when it suspended. Raises :class:`RunNotRerunnable` when the run is
-    not failed or its workflow's definition changed since it started,
-    :class:`InvalidArgument` for a ``by`` the event store would refuse.
+    as when it suspended. A definition edited only after that step keeps
+    the run, as at a resume. Raises :class:`RunNotRerunnable` when the run
+    is not failed or its version is gone or was edited at or before that
+    step, :class:`InvalidArgument` for a ``by`` the event store would refuse.
     """
     check_by(by)
     joins_callers_transaction("rerun_run")

@@ -15,6 +15,10 @@ A process that dies between its commit and the row's deletion leaves the
 row behind; a resume worker's pass delivers it again
 (:func:`deliver_leftovers`): so every committed transition reaches its
 receivers at least once, and a repeat carries the same ``delivery_id``.
+During a rolling deploy a worker whose code is older than a run's leaves
+that run's rows to a worker with its code, as it leaves the run itself
+(:mod:`kumiko_workflows.engine.deploys`): the run's sender, and the
+receivers its code connects, are only there.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from django.dispatch import Signal
 from kumiko_workflows import event_types as et
 from kumiko_workflows import signals
 from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.engine import deploys
 from kumiko_workflows.models import Event, SignalDelivery, WorkflowRun
 from kumiko_workflows.store import db
 from kumiko_workflows.workflow import suspensions
@@ -102,18 +107,30 @@ def sender_of(event: Event) -> Workflow | None:
     run's status row (which the run-status projection has already brought
     up to this event, in the same transaction).
     """
+    version, fingerprint = _definition_of(event)
+    return registry.of_run(event.payload.get("workflow_name", ""), version, fingerprint)
+
+
+def _definition_of(event: Event, *, fingerprint_needed: bool = False) -> tuple[int | None, str]:
+    """The run's version and definition fingerprint as of ``event`` ("" if unknown)."""
     payload = event.payload
     version = payload.get("workflow_version")
     fingerprint = payload.get("definition_fingerprint")
-    if version is None:
+    if version is None or (fingerprint_needed and not fingerprint):
         row = (
             WorkflowRun.objects.filter(run_id=event.aggregate_id)
             .values_list("workflow_version", "definition_fingerprint")
             .first()
         )
         if row is not None:
-            version, fingerprint = row[0], fingerprint or row[1]
-    return registry.of_run(payload.get("workflow_name", ""), version, fingerprint or "")
+            version, fingerprint = (row[0] if version is None else version), fingerprint or row[1]
+    return version, fingerprint or ""
+
+
+def _newer_code(event: Event) -> bool:
+    """Whether ``event``'s run is on code newer than this process's (its worker delivers it)."""
+    _, fingerprint = _definition_of(event, fingerprint_needed=True)
+    return bool(fingerprint) and deploys.newer_than_mine(fingerprint) is not None
 
 
 # --- who delivers ----------------------------------------------------------------
@@ -251,8 +268,10 @@ def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
     database's clock; a live process's fresh rows are left to it. Rows are
     taken with ``FOR UPDATE SKIP LOCKED`` and leased to this process (a
     worker killed while delivering them leaves them over again), then
-    delivered outside any transaction, as after a commit. Refused (0) inside
-    an atomic block, whose own uncommitted rows it would see.
+    delivered outside any transaction, as after a commit. A row of a run on
+    code newer than this process's is not taken (see the module's
+    docstring). Refused (0) inside an atomic block, whose own uncommitted
+    rows it would see.
     """
     if db.engine().in_atomic_block:
         return 0
@@ -267,10 +286,12 @@ def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
             .values_list("event_id", "owner", "expired")[:limit]
         )
         taken = [pk for pk, name, old in candidates if old or _owner_gone(name)]
+        events = Event.objects.in_bulk(taken)
+        # A newer run's rows are left as they are, for a worker with its code.
+        taken = [pk for pk in taken if pk not in events or not _newer_code(events[pk])]
         if not taken:
             return 0
         SignalDelivery.objects.filter(event_id__in=taken).update(owner=owner(), leased_at=Now())
-    events = Event.objects.in_bulk(taken)
     for pk in taken:
         event = events.get(pk)
         if event is None or event.type not in SIGNALS:

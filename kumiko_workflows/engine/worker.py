@@ -217,7 +217,7 @@ class Heartbeat:
 
     def __init__(self, tenants: Sequence[str], loop: bool) -> None:
         self.hostname = socket.gethostname()[:255]
-        self.name = f"{self.hostname}:{os.getpid()}"
+        self.name = deploys.process_name()  # as the definitions it registers name it
         self.tenants = list(tenants)
         self.loop = loop
         self._pk: int | None = None

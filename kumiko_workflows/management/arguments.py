@@ -75,6 +75,8 @@ def refuse_writing_rehearsal(now: datetime | None, dry_run: bool, write: bool) -
             "past the real slots in between). Add --dry-run to see what it would do and write "
             "nothing, or --write to write it anyway"
         )
+
+
 def tenant_id(text: str) -> str:
     """A tenant id the event store accepts: 1-100 characters, no control character."""
     problem = name_problem(text, "tenant_id")

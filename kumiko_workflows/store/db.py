@@ -829,11 +829,19 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
 
 
 #: The database's clock, as Django's ``Now()`` reads it (the statement's
-#: instant on PostgreSQL, not the transaction's), in UTC.
+#: instant on PostgreSQL, not the transaction's; UTC text to the millisecond
+#: on SQLite): what heartbeats, signal leases and registered definitions are
+#: written with, and what :func:`database_now` reads.
 _NOW_SQL = {
-    "postgresql": "SELECT STATEMENT_TIMESTAMP()",
-    "sqlite": "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'now')",
+    "postgresql": "STATEMENT_TIMESTAMP()",
+    "sqlite": "STRFTIME('%Y-%m-%d %H:%M:%f', 'now')",
 }
+
+
+def _now_sql(conn: BaseDatabaseWrapper, *, with_params: bool) -> str:
+    """The clock's SQL expression for ``conn`` (``%`` doubled in a statement with parameters)."""
+    sql = _NOW_SQL.get(conn.vendor, "CURRENT_TIMESTAMP")
+    return sql.replace("%", "%%") if with_params else sql
 
 
 def database_now() -> datetime:
@@ -845,7 +853,7 @@ def database_now() -> datetime:
     """
     conn = engine()
     with conn.cursor() as cursor:
-        cursor.execute(_NOW_SQL.get(conn.vendor, "SELECT CURRENT_TIMESTAMP"))
+        cursor.execute(f"SELECT {_now_sql(conn, with_params=False)}")
         (value,) = cursor.fetchone()
     if isinstance(value, str):  # SQLite: UTC as text
         value = datetime.fromisoformat(value)
@@ -965,12 +973,7 @@ def register_definitions(rows: Sequence[tuple[str, str, int, dict[str, str]]], b
     # Columns named as the fields are (no db_column).
     names = ("fingerprint", "workflow_name", "workflow_version", "step_fingerprints")
     columns = ", ".join(ops.quote_name(name) for name in (*names, "first_seen_by", "first_seen_at"))
-    # The database's clock, as a timestamp column takes it (SQLite's to the millisecond).
-    now = (
-        "clock_timestamp()"
-        if conn.vendor == "postgresql"
-        else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
-    )
+    now = _now_sql(conn, with_params=True)
     values = ", ".join([f"(%s, %s, %s, %s, %s, {now})"] * len(rows))
     sql = (
         f"INSERT INTO {ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers
