@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 
 from kumiko_workflows import event_types as et
-from kumiko_workflows import resume_due_runs, run_id_for
+from kumiko_workflows import resume_due_runs, run_id_for, signals
 from kumiko_workflows.engine.worker import Worker
 from kumiko_workflows.exceptions import InvalidArgument
 from kumiko_workflows.models import Event, RunStatus, WorkflowRun
@@ -86,6 +86,30 @@ def test_within_a_tenant_the_oldest_due_run_goes_first(settings, now):
         Event.objects.filter(type=et.RESUMED).order_by("id").values_list("aggregate_id", flat=True)
     )
     assert order == [runs[1], runs[3], runs[2], runs[0]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_whose_runs_come_due_during_a_pass_joins_it(settings, now):
+    # Between rounds the pass looks again (every BATCH_SECONDS, here always).
+    settings.KUMIKO_WORKFLOWS = {
+        **settings.KUMIKO_WORKFLOWS,
+        "BATCH_SIZE": 2,
+        "BATCH_SECONDS": 1e-9,
+    }
+    _start("a-big", 10, "PT0S")
+
+    def start_late(**kwargs):
+        # After the first commit of the pass, another tenant's run comes due.
+        if not WorkflowRun.objects.filter(tenant_id="c-late").exists():
+            trigger("t.wait", tenant_id="c-late", run_key="late", **{"for": "PT0S"})
+
+    signals.run_completed.connect(start_late, dispatch_uid="start_late")
+    try:
+        resume_due_runs(now=now + timedelta(hours=1))
+    finally:
+        signals.run_completed.disconnect(dispatch_uid="start_late")
+
+    assert resumed_tenants() == ["a-big"] * 4 + ["c-late"] + ["a-big"] * 6
 
 
 def test_a_workers_tenants_take_turns_too(settings, past):

@@ -291,9 +291,9 @@ def resume_due_runs(
     runs, times its ``TENANT_WEIGHTS`` weight), oldest due first, before
     the next tenant's turn, round after round until every tenant is drained,
     so a due run waits for at most one turn of each other tenant, however
-    large their backlogs. Between rounds (every tenant) the pass looks for
-    tenants that came to have due rows meanwhile, which join it; a tenant
-    drained in this pass does not rejoin, so a pass ends. Rows are claimed
+    large their backlogs. Between rounds, at most every ``BATCH_SECONDS``,
+    the pass looks for tenants that came to have due rows meanwhile, which
+    join it; a tenant drained in this pass does not rejoin, so a pass ends. Rows are claimed
     one at a time and committed up to ``BATCH_SIZE`` per transaction (see
     :func:`_drain_tenant`). A failing step fails its run; a row that raises
     (an infrastructure error) is logged and counted in ``errors`` and does
@@ -337,6 +337,7 @@ def resume_due_runs(
     else:
         due_at = dict.fromkeys(db.due_tenants(start), start)
     joined = set(due_at)
+    looked = time.monotonic()
     while due_at:
         for tenant in list(due_at):
             if stop() or (limit is not None and report.processed >= limit):
@@ -353,7 +354,11 @@ def resume_due_runs(
             )
             if drained:
                 del due_at[tenant]
-        if tenants is None:
+        # At most every BATCH_SECONDS: the look is one index probe per tenant
+        # with pending rows, due or not, and a pass of one big backlog has a
+        # round per turn.
+        if tenants is None and time.monotonic() - looked >= float(workflow_settings.BATCH_SECONDS):
+            looked = time.monotonic()
             instant = moment()
             for tenant in db.due_tenants(instant):
                 if tenant not in joined:
