@@ -68,7 +68,7 @@ def assert_result_lines(output: str) -> None:
         assert re.search(r"^RATIO name=fairness value=[\d.]+$", output, re.M), output
         assert re.search(
             r"^FAIRNESS small_p50_s=[\d.]+ small_p95_s=[\d.]+ small_max_s=[\d.]+ "
-            r"big_rate_vs_alone=[\d.]+$",
+            r"big_rate_vs_alone=[\d.]+ big_alone_s=[\d.]+ big_beside_s=[\d.]+$",
             output,
             re.M,
         ), output
