@@ -3,11 +3,10 @@
 Counts of runs by workflow and status, the runs in flight per workflow and
 version, the pending rows and the oldest due one with its lag (how long it
 has waited for a worker), the due backlog per tenant, the workers and when
-each last passed, and with
-``--failed`` the failed runs with their reason and step. ``--check`` is a
-health check for orchestrators: it reads only the oldest due row and the
-workers' heartbeats, and exits 1 when the lag is over ``--max-lag`` or no
-worker has passed within ``--max-heartbeat-age``. A heartbeat's age is
+each last passed, and with ``--failed`` the failed runs with their reason
+and step. ``--check`` is a health check for orchestrators: it reads only
+the oldest due row and the workers' heartbeats, and exits 1 when the lag is
+over ``--max-lag`` or no worker has passed within ``--max-heartbeat-age``. A heartbeat's age is
 read on the database's clock, the one it was written with, never on this
 process's. With the database unreachable, every form prints one line
 (``--json``: an object saying so) and exits 1.
