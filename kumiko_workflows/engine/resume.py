@@ -293,12 +293,13 @@ def resume_due_runs(
     so a due run waits for at most one turn of each other tenant, however
     large their backlogs. Between rounds, at most every ``BATCH_SECONDS``,
     the pass looks for tenants that came to have due rows meanwhile, which
-    join it; a tenant drained in this pass does not rejoin, so a pass ends. Rows are claimed
-    one at a time and committed up to ``BATCH_SIZE`` per transaction (see
-    :func:`_drain_tenant`). A failing step fails its run; a row that raises
-    (an infrastructure error) is logged and counted in ``errors`` and does
-    not stop the others. ``now`` defaults to the current time;
-    ``should_stop`` is polled between rows.
+    join it; a tenant drained in this pass does not rejoin, so a pass ends.
+    Rows are claimed one at a time and committed up to ``BATCH_SIZE`` per
+    transaction (see :func:`_drain_tenant`). A failing step fails its run; a
+    row that raises (an infrastructure error) is logged and counted in
+    ``errors`` and does not stop the others. ``now`` defaults to the current
+    time; ``should_stop`` is polled between rows. ``tenants`` (not with
+    ``tenant_id``) limits the pass to those tenants, taking turns.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
