@@ -75,6 +75,7 @@ from kumiko_workflows.operations.explain import (
     timeline,
     when,
 )
+from kumiko_workflows.operations.versions import stale_workers, version_table
 from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import FAILURE_REASONS
 from kumiko_workflows.workflow import clock
@@ -539,7 +540,25 @@ class WorkflowRunAdmin(WorkflowAdmin):
             f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_schedule"
         )
         context["kw_show_tenant"] = len({row["tenant_id"] for row in context["kw_schedules"]}) > 1
+        context["kw_deploy_problems"] = self._deploy_problems(request)
         return super().changelist_view(request, context)
+
+    def _deploy_problems(self, request: HttpRequest) -> list[str]:
+        """Workers whose code is older than runs they left, and waiting runs this code would fail.
+
+        Read with the code this admin runs: opened on a new deploy before its
+        workers start, it says which waiting runs the edit would fail.
+        """
+        tenant = admin_tenant(request)
+        lines = stale_workers(tenant, clock.now())
+        for row in version_table(tenant):
+            for group in row.failing:
+                lines.append(
+                    f"{plural(group['runs'], 'waiting run')} of workflow {row.workflow_name!r} "
+                    f"version {row.version} at step {group['step']} would fail on this code: "
+                    f"{group['why']}"
+                )
+        return lines
 
     def _schedules(self, request: HttpRequest) -> list[dict[str, Any]]:
         tenant = admin_tenant(request)

@@ -13,7 +13,13 @@ class KumikoWorkflowsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from kumiko_workflows import checks  # noqa: F401 - registers the system checks
-        from kumiko_workflows.engine import purged_runs, segment, transitions, wakeups
+        from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
+            deploys,
+            purged_runs,
+            segment,
+            transitions,
+            wakeups,
+        )
         from kumiko_workflows.models import Event
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch

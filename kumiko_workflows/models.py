@@ -443,6 +443,14 @@ class WorkerHeartbeat(models.Model):
     seen_at = models.DateTimeField(
         help_text="When it last began a pass (written every 5 s at most)."
     )
+    # Nullable: a worker of the code before this column (a rolling deploy) inserts none.
+    left_code = models.JSONField(
+        null=True,
+        default=list,
+        blank=True,
+        help_text="Definitions newer than this worker's code that it met and leaves to workers "
+        "that have them (it should be restarted): fingerprint, workflow, version, first seen.",
+    )
 
     class Meta:
         verbose_name = "worker heartbeat"
@@ -479,3 +487,35 @@ class SignalDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"signal of event #{self.event_id} (owner {self.owner})"
+
+
+class DeployedDefinition(models.Model):
+    """A workflow definition (by fingerprint) some process ran, and when it was first seen.
+
+    Each process that writes run events or resumes runs registers the
+    definitions its code declares, on the database's clock, once; a row is
+    never changed. A worker that meets a run whose definition it lacks tells
+    from these rows which side is newer: a definition first seen after the
+    worker's own newest one belongs to newer code, and the worker leaves the
+    run (see :mod:`kumiko_workflows.engine.deploys`). Not an event, not
+    projected, not a tenant's (code serves every tenant).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    fingerprint = models.CharField(max_length=64, unique=True)
+    workflow_name = models.CharField(max_length=200)
+    workflow_version = models.PositiveIntegerField()
+    step_fingerprints = models.JSONField(
+        default=dict, help_text="The fingerprint of each step position, and of the header."
+    )
+    first_seen_at = models.DateTimeField(help_text="On the database's clock.")
+    first_seen_by = models.CharField(max_length=300, help_text="host:pid of that process")
+
+    class Meta:
+        verbose_name = "deployed workflow definition"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.workflow_name} v{self.workflow_version} {self.fingerprint[:12]} "
+            f"(first seen {self.first_seen_at.isoformat()} by {self.first_seen_by})"
+        )

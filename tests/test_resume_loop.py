@@ -96,10 +96,11 @@ def test_changed_definition_names_the_changed_step(past):
         name="t-wait",
         trigger=on_event("t.wait"),
         idempotency_key=w.run_key,
+        # A step the run has run (an edit after the wait keeps it: tests/test_deploys.py).
         steps=[
-            steps.compute("before", w.record("before")),
+            steps.compute("before", w.record("renamed")),
             steps.wait(w.payload_value("for", "PT1H")),
-            steps.compute("after", w.record("renamed")),
+            steps.compute("after", w.record("after")),
         ],
         register=False,
     )
@@ -108,8 +109,10 @@ def test_changed_definition_names_the_changed_step(past):
 
     failed = WorkflowRun.objects.get(run_id=run_id)
     assert failed.failure_reason == "workflow_definition_changed"
-    assert "step 2 (compute 'after') changed" in failed.last_error
-    assert "step 2" in run_events(run_id)[-1].payload["error"]
+    assert "step 0 (compute 'before') (before step 1, where the run waits) changed" in (
+        failed.last_error
+    )
+    assert "step 0" in run_events(run_id)[-1].payload["error"]
 
 
 def test_unregistered_workflow_fails_the_same_way(past):

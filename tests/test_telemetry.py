@@ -276,9 +276,15 @@ def test_metric_values_after_a_known_sequence_of_runs(otel):
     (lag,) = otel.metrics()["kumiko.resume.lag"].values()
     assert lag.count == 3
     assert tuple(lag.explicit_bounds) == telemetry._LAG_BUCKETS  # the buckets it advises
-    waited = [(moment - quick.created_at - HOUR).total_seconds(), 0.0, 0.0]
-    waited[1] = (moment - retried.created_at - HOUR).total_seconds()
-    waited[2] = (moment + HOUR - (moment + timedelta(seconds=1))).total_seconds()
+    # Each wait's end as its run recorded it (a step's clock reads after the
+    # trigger's insert, so the trigger's created_at is not the wait's start).
+    ends = [
+        datetime.fromisoformat(wait.payload["wake_at"])
+        for wait in Event.objects.filter(type=et.WAITING).order_by("id")
+    ]
+    assert len(ends) == 2
+    waited = [(moment - end).total_seconds() for end in ends]
+    waited.append((moment + HOUR - (moment + timedelta(seconds=1))).total_seconds())
     assert lag.sum == pytest.approx(sum(waited), abs=0.01)
 
     durations = otel.metrics()["kumiko.step.duration"]

@@ -186,11 +186,12 @@ def test_a_run_of_a_removed_version_fails_loudly_and_workflow_versions_check_war
 def test_a_version_changed_in_place_fails_naming_the_step_and_check_says_so(now, future):
     with registry.override(version_1()):
         _, old = start(**{"for": future})
+    # An edit to a step the waiting run has run (an edit after it would keep it: test_deploys).
     changed = version_1(
         steps=[
-            steps.compute("before", w.record("before")),
+            steps.compute("before", w.record("renamed")),
             steps.wait(w.payload_value("for", "PT1H")),
-            steps.compute("after", w.record("renamed")),
+            steps.compute("after", w.record("after")),
             steps.wait(w.payload_value("then", "PT1M")),
         ]
     )
@@ -202,8 +203,8 @@ def test_a_version_changed_in_place_fails_naming_the_step_and_check_says_so(now,
 
     assert "version 1 was changed in place since they started" in err.getvalue()
     last_error = run_of(old).last_error
-    assert "version 1 of workflow 't-versioned' changed since it started" in last_error
-    assert "step 2 (compute 'after') changed" in last_error
+    assert "version 1 of workflow 't-versioned' changed where the run is (step 1)" in last_error
+    assert "step 0 (compute 'before') (before step 1, where the run waits) changed" in last_error
 
 
 def test_workflow_status_and_the_json_show_runs_in_flight_per_version(now, future):
@@ -227,6 +228,8 @@ def test_workflow_status_and_the_json_show_runs_in_flight_per_version(now, futur
         "in_flight": 1,
         "stranded": 0,
         "current": False,
+        "kept": 0,
+        "failing": [],
     }
 
 

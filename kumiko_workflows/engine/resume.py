@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
@@ -26,6 +26,7 @@ from django.db.models import F
 from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.engine import deploys
 from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
 from kumiko_workflows.engine.wakeups import (
     decide_waiting_checks,
@@ -77,7 +78,8 @@ class ResumeReport:
     appended); each row then ends ``completed``, ``suspended`` or ``failed``.
     A row failed before its claim (a changed definition) counts only in
     ``failed``. (A row another worker holds is never claimed: nothing is
-    skipped.)
+    skipped.) ``left`` counts rows of newer code than this process's, left
+    due for a worker that has it (see :mod:`kumiko_workflows.engine.deploys`).
     ``errors`` counts rows whose resume raised; the pass that fails such a
     run after ``MAX_RESUME_ERRORS`` of them counts it in ``failed``.
     """
@@ -87,6 +89,7 @@ class ResumeReport:
     suspended: int = 0
     failed: int = 0
     errors: int = 0
+    left: int = 0
 
     def add(self, other: ResumeReport) -> None:
         for field in fields(self):
@@ -100,7 +103,11 @@ class ResumeReport:
         return asdict(self)
 
     def __str__(self) -> str:
-        return " ".join(f"{key}={value}" for key, value in self.as_dict().items())
+        # ``left`` only when some were: it happens during a deploy, and says so.
+        items = self.as_dict()
+        if not items["left"]:
+            del items["left"]
+        return " ".join(f"{key}={value}" for key, value in items.items())
 
 
 def _definition_changed(
@@ -159,8 +166,9 @@ def _awaited_ids(row: WorkflowRunPending) -> set[int]:
 def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) -> tuple[str, bool]:
     """Resume one pending row, whose trigger event is ``trigger``; return (outcome, claimed).
 
-    The outcome is completed, suspended or failed; ``claimed`` says
-    whether ``workflow.step.resumed`` was appended.
+    The outcome is completed, suspended, failed or left (the run needs
+    newer code than this process's: the row is put back as it was, still
+    due); ``claimed`` says whether ``workflow.step.resumed`` was appended.
 
     Must run in the transaction whose claim deleted the row. A failing step
     fails the run (see :func:`run_segment`); any other error, a stream that
@@ -170,18 +178,26 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
     stream = RunStream.of_pending(row, deleted=True)
     stream.savepoint = False  # the caller rolls back on errors
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)
+    moved_from: str | None = None
     if workflow is None or workflow.fingerprint != row.definition_fingerprint:
-        changed = _definition_changed(
-            row.workflow_name, row.workflow_version, row.tenant_id, row.run_id, workflow
-        )
-        fail_run(
-            stream,
-            Failure(DEFINITION_CHANGED, row.step, changed, detail=changed),
-            state=row.state,
-            retry_from=row.step,
-            suspension=suspensions.standing(row),
-        )
-        return "failed", False
+        verdict = deploys.judge(row)
+        if verdict.leave:
+            # Put back as claimed: due as before, for a worker with the run's code.
+            row.save(force_insert=True)
+            return "left", False
+        if verdict.workflow is None:
+            changed = verdict.problem or "its definition changed"
+            fail_run(
+                stream,
+                Failure(DEFINITION_CHANGED, row.step, changed, detail=changed),
+                state=row.state,
+                retry_from=row.step,
+                suspension=suspensions.standing(row),
+            )
+            return "failed", False
+        # An edit the run survives: it goes on, and is recorded, on the new definition.
+        workflow, moved_from = verdict.workflow, row.definition_fingerprint
+        stream.fingerprint = workflow.fingerprint
 
     step = workflow.step_at(row.step)
     record = suspensions.for_type(row.suspension_type)
@@ -208,15 +224,17 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         return "failed", False
 
     # The first event after the suspension, appended with the segment's last.
-    opening = (
-        et.RESUMED,
-        {
-            "step": row.step,
-            "retry_attempt": row.retry_attempt,
-            "suspension_type": row.suspension_type,
-            "awaited_event_id": row.awaited_event_id,
-        },
-    )
+    resumed: dict[str, Any] = {
+        "step": row.step,
+        "retry_attempt": row.retry_attempt,
+        "suspension_type": row.suspension_type,
+        "awaited_event_id": row.awaited_event_id,
+    }
+    if moved_from is not None:
+        resumed["from_fingerprint"] = moved_from
+        resumed["definition_fingerprint"] = workflow.fingerprint
+        resumed["workflow_version"] = workflow.version
+    opening = (et.RESUMED, resumed)
     state = row.state or {}
     awaited: dict[str, int | None] = dict(row.awaited_refs())
     wanted = _awaited_ids(row)
@@ -273,7 +291,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         cursor = Cursor(path, after=record.after, attempt=record.attempt(row))
     else:  # a rerun of a run that failed after its last step: just complete it
         cursor = Cursor((len(workflow.steps),), after=False)
-    return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=True), True
+    # A move onto an edited definition is appended on its own: its status write comes first.
+    held = moved_from is None
+    return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held), True
 
 
 def resume_due_runs(
@@ -326,9 +346,10 @@ def resume_due_runs(
 
     report = ResumeReport()
     stop = should_stop or (lambda: False)
+    leaving = deploys.leaving()
     if tenant_id is not None:
         # One tenant: no turns to take, its batches exactly as before.
-        _drain_tenant(tenant_id, start, moment, report, limit, stop, None, set())
+        _drain_tenant(tenant_id, start, moment, report, limit, stop, None, set(), leaving)
         return report
     # Insertion-ordered: the order of each round's turns.
     due_at: dict[str, datetime] = {}
@@ -352,6 +373,7 @@ def resume_due_runs(
                 stop,
                 turn_share(tenant),
                 passed_over.setdefault(tenant, set()),
+                leaving,
             )
             if drained:
                 del due_at[tenant]
@@ -404,6 +426,7 @@ def _drain_tenant(
     should_stop: Callable[[], bool],
     share: int | None,
     passed_over: set[int],
+    leaving: Collection[str] = (),
 ) -> bool:
     """Resume the tenant's due rows (up to ``share`` claims: its turn), a batch per transaction.
 
@@ -442,7 +465,9 @@ def _drain_tenant(
                 for _ in range(size):
                     if should_stop():
                         break
-                    done = _claim_and_resume(tenant, now, clock(), passed_over, batch, savepoints)
+                    done = _claim_and_resume(
+                        tenant, now, clock(), passed_over, batch, savepoints, leaving
+                    )
                     if done is None:
                         drained = True
                         break
@@ -467,6 +492,7 @@ def _claim_and_resume(
     passed_over: set[int],
     batch: ResumeReport,
     savepoint: bool,
+    leaving: Collection[str] = (),
 ) -> bool | None:
     """Claim the next row due at ``due`` and resume it; count its outcome in ``batch``.
 
@@ -478,7 +504,7 @@ def _claim_and_resume(
     row: WorkflowRunPending | None = None
     try:
         with db.atomic() if savepoint else nullcontext():
-            claimed = db.claim_due(tenant, due, passed_over)
+            claimed = db.claim_due(tenant, due, passed_over, leaving)
             if claimed is None:
                 return None
             row, trigger = claimed
@@ -501,6 +527,9 @@ def _claim_and_resume(
         return False
     batch.resumed += resumed
     setattr(batch, outcome, getattr(batch, outcome) + 1)
+    if outcome == "left":
+        passed_over.add(row.pk)
+        return False
     return _commits_per_run(row)
 
 

@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.engine import transitions
+from kumiko_workflows.engine import deploys, transitions
 from kumiko_workflows.engine.cron import fire_due_schedules
 from kumiko_workflows.engine.rehearsal import Rehearsal, rehearse
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
@@ -223,6 +223,7 @@ class Heartbeat:
         self._pk: int | None = None
         self._last: float | None = None
         self._warned = False
+        self._left: list[dict[str, Any]] = []
 
     def beat(self) -> None:
         if self._last is not None and time.monotonic() - self._last < HEARTBEAT_SECONDS:
@@ -261,6 +262,14 @@ class Heartbeat:
                 },
             )
         self._pk = row.pk
+
+    def note_left(self, entries: list[dict[str, Any]]) -> None:
+        """Say in the row which newer definitions this worker left runs of (once each)."""
+        if self._pk is None or entries == self._left:
+            return
+        with db.atomic():
+            WorkerHeartbeat.objects.filter(pk=self._pk).update(left_code=entries)
+        self._left = list(entries)
 
     def stop(self) -> None:
         """Delete the row: the worker stopped on purpose (best effort)."""
@@ -386,6 +395,8 @@ class Worker:
             should_stop=lambda: self.stopping,
             tenants=self.tenants or None,
         )
+        if self.heartbeat is not None and report.left:
+            self.heartbeat.note_left(deploys.left_code())
         self.totals.add(report)
         self.fired += fired
         self.passes += 1

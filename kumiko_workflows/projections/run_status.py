@@ -29,6 +29,8 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
     record = suspensions.for_event(kind)
     if record is not None:
         fields = record.status_columns(payload, event.created_at)
+        # The definition the run suspended on: its own, or an edit it resumed on (engine/deploys).
+        fields["definition_fingerprint"] = payload["definition_fingerprint"]
         if payload.get("workflow_version") is not None:
             # A run started before versions were recorded learns its version
             # from its first suspension written by an engine that records it.
@@ -43,6 +45,13 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
     if kind == et.WAKE_REQUESTED:
         return {"wake_at": event.created_at}
     if kind == et.RESUMED:
+        if "definition_fingerprint" in payload:
+            # Resumed on an edited definition it survives (engine/deploys): it is on it now.
+            # (Appended alone, so the segment's events write after it.)
+            return {
+                "definition_fingerprint": payload["definition_fingerprint"],
+                "workflow_version": payload["workflow_version"],
+            }
         # The engine appends the next event (suspension, completion or
         # failure) in the same transaction, and each of those sets every
         # column this one would: the row never shows "running" outside it.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +28,7 @@ from django.dispatch import receiver
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.event_types import RUN_AGGREGATE_TYPE
 from kumiko_workflows.models import (
+    DeployedDefinition,
     Event,
     PurgedRun,
     SignalDelivery,
@@ -306,7 +307,7 @@ _CONVERTERS: dict[tuple[str, str], list[tuple[int, Any, list[Any]]]] = {}
 
 
 def claim_due(
-    tenant_id: str, now: datetime, passed_over: set[int]
+    tenant_id: str, now: datetime, passed_over: set[int], leaving: Collection[str] = ()
 ) -> tuple[WorkflowRunPending, Event | None] | None:
     """Take the tenant's next due pending row that nobody holds (oldest first), or None.
 
@@ -316,9 +317,12 @@ def claim_due(
     ``FOR UPDATE SKIP LOCKED`` so racing workers never take the same one; on
     SQLite, whose one writer at a time needs no lock, a read and a delete.
     Built once per shape (no ORM compilation per claim). ``passed_over``
-    rows (errors in this pass) are not taken again.
+    rows (errors in this pass) are not taken again, nor rows of the
+    ``leaving`` definitions (newer code than this process's: see
+    :mod:`kumiko_workflows.engine.deploys`).
     """
     skip = sorted(passed_over)
+    foreign = sorted(leaving)
     pending, event = WorkflowRunPending._meta, Event._meta
     width = len(pending.concrete_fields)
     chained = chains_writes()
@@ -334,6 +338,9 @@ def claim_due(
         where = f"{alias}tenant_id = %s AND {alias}wake_at <= %s"
         if skip:
             where += f" AND {alias}id NOT IN ({', '.join(['%s'] * len(skip))})"
+        if foreign:
+            marks = ", ".join(["%s"] * len(foreign))
+            where += f" AND {alias}definition_fingerprint NOT IN ({marks})"
         join = (
             f"LEFT JOIN {ops.quote_name(event.db_table)} e "
             "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
@@ -350,17 +357,19 @@ def claim_due(
             f"WHERE {where} ORDER BY c.wake_at, c.id LIMIT 1"
         )
 
-    sql = statement(("claim_due", len(skip)), build)
+    sql = statement(("claim_due", len(skip), len(foreign)), build)
     with hot_cursor() as cursor:
         if not chained:
             _take_write_lock(cursor)
-        cursor.execute(sql, [tenant_id, now, *skip])
+        cursor.execute(sql, [tenant_id, now, *skip, *foreign])
         found = cursor.fetchone()
         if found is not None and not chained:
             delete = statement(
                 ("claim_due_delete",),
-                lambda: f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
-                "WHERE id = %s",
+                lambda: (
+                    f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
+                    "WHERE id = %s"
+                ),
             )
             cursor.execute(delete, [found[0]])
     if found is None:
@@ -381,8 +390,10 @@ def _take_write_lock(cursor: CursorWrapper) -> None:
     cursor.execute(
         statement(
             ("write_lock",),
-            lambda: f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
-            "WHERE id = -1",
+            lambda: (
+                f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
+                "WHERE id = -1"
+            ),
         )
     )
 
@@ -916,3 +927,39 @@ def delete_signal_delivery(event_id: int) -> None:
 
     with hot_cursor() as cursor:
         cursor.execute(statement(("delete_signal_delivery",), build), [event_id])
+
+
+# --- deployed definitions (engine/deploys) -------------------------------------
+
+
+def register_definitions(rows: Sequence[tuple[str, str, int, dict[str, str]]], by: str) -> None:
+    """Record (fingerprint, workflow, version, step fingerprints) rows not yet known.
+
+    First seen on the database's clock, so instants written by processes on
+    different hosts compare (a row already there keeps its instant).
+    """
+    if not rows:
+        return
+    conn = engine()
+    ops = conn.ops
+    meta = DeployedDefinition._meta
+    # Columns named as the fields are (no db_column).
+    names = ("fingerprint", "workflow_name", "workflow_version", "step_fingerprints")
+    columns = ", ".join(ops.quote_name(name) for name in (*names, "first_seen_by", "first_seen_at"))
+    # The database's clock, as a timestamp column takes it (SQLite's to the millisecond).
+    now = (
+        "clock_timestamp()"
+        if conn.vendor == "postgresql"
+        else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    )
+    values = ", ".join([f"(%s, %s, %s, %s, %s, {now})"] * len(rows))
+    sql = (
+        f"INSERT INTO {ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers
+        f"VALUES {values} ON CONFLICT ({ops.quote_name('fingerprint')}) DO NOTHING"
+    )
+    prints = meta.get_field("step_fingerprints")
+    params: list[Any] = []
+    for fingerprint, name, version, step_prints in rows:
+        params += [fingerprint, name, version, prints.get_db_prep_save(step_prints, conn), by]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)

@@ -357,8 +357,7 @@ class Workflow:
         self.commit = commit
         if start not in START_MODES:
             raise WorkflowDefinitionError(
-                f"workflow {name!r}: start must be one of {', '.join(START_MODES)}, "
-                f"got {start!r}"
+                f"workflow {name!r}: start must be one of {', '.join(START_MODES)}, got {start!r}"
             )
         #: "worker": a trigger queues the run; a worker runs its steps.
         self.start = start
@@ -449,6 +448,34 @@ class Workflow:
                 parts.append(f"{self.label(path)} changed")
         return "; ".join(parts) or "its definition changed"
 
+    def changes_for_run(self, old_prints: Mapping[str, str], position: str) -> list[str]:
+        """What changed, from ``old_prints`` (a run's definition), that a run at ``position`` met.
+
+        A run at a step position has run, or may have run, every step before
+        it (earlier steps with all they hold, and the branches it is inside),
+        and waits at that step (with its body: a retry runs it again). An
+        edit anywhere else (steps after it, the other arm of the branch it
+        is in) leaves it free to resume on this definition; an empty list
+        says so. ``old_prints`` is the run's ``step_fingerprints``.
+        """
+        changes = []
+        if old_prints.get("workflow") != self.step_fingerprints["workflow"]:
+            changes.append("the workflow's trigger, version, awaits or idempotency key changed")
+        for path in sorted(set(old_prints) | set(self.step_fingerprints), key=_path_sort_key):
+            if path == "workflow" or not reached(path, position):
+                continue
+            old, new = old_prints.get(path), self.step_fingerprints.get(path)
+            if old == new:
+                continue
+            where = reach_text(path, position)
+            if old is None:
+                changes.append(f"{self.label(path)} was added {where}")
+            elif new is None:
+                changes.append(f"step {path} {where} was removed")
+            else:
+                changes.append(f"{self.label(path)} {where} changed")
+        return changes
+
     def next_position(self, path: str) -> str:
         """The position that runs after the step at ``path`` ('' past the last step)."""
         parts = parse_path(path)
@@ -491,6 +518,38 @@ def _migration_maps(
             )
         maps[old] = dict(positions)
     return maps
+
+
+def reached(path: str, position: str) -> bool:
+    """Whether a run at step ``position`` has run (or waits at) the step at ``path``.
+
+    True for the steps before it in its own list and in each list around it
+    (with every step nested in them: which arm of an earlier branch ran is
+    not recorded), for the steps it is nested in, and for the step itself
+    with what it holds. False for the steps after it and for the other arm
+    of a branch it is inside.
+    """
+    try:
+        step, here = parse_path(path), parse_path(position)
+    except ValueError:
+        return True  # not a position: count it as met, the safe side
+    for depth, (mine, theirs) in enumerate(zip(step, here, strict=False)):
+        if mine != theirs:
+            # Two indexes in one list: an earlier step was run. Two arm names:
+            # the other arm of a branch the run is inside.
+            return depth % 2 == 0 and mine < theirs
+    return True  # one holds the other, or both are the same step
+
+
+def reach_text(path: str, position: str) -> str:
+    """How the step at ``path`` stands to a run at ``position``, for messages."""
+    if path == position:
+        return "(where the run waits)"
+    if position.startswith(path + "."):
+        return f"(which holds step {position}, where the run waits)"
+    if path.startswith(position + "."):
+        return f"(inside step {position}, where the run waits)"
+    return f"(before step {position}, where the run waits)"
 
 
 def _path_sort_key(path: str) -> tuple[Any, ...]:

@@ -364,3 +364,20 @@ started_in_worker = define_workflow(
     start="worker",
     steps=[steps.compute("process", note_process)],
 )
+
+
+# A deploy in progress (tests/test_deploys.py): a process started with
+# KUMIKO_TEST_DEPLOY=old runs the code from before a step was appended.
+DEPLOYED_CODE = os.environ.get("KUMIKO_TEST_DEPLOY", "new")
+
+deploying = define_workflow(
+    name="t-deploying",
+    trigger=on_event("t.deploying"),
+    idempotency_key=run_key,
+    steps=[
+        steps.compute("first", record("first")),
+        steps.wait(payload_value("until", "PT1H")),
+        steps.compute("second", record("second")),
+        *([steps.compute("appended", record("appended"))] if DEPLOYED_CODE == "new" else []),
+    ],
+)

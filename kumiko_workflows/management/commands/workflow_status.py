@@ -6,10 +6,12 @@ has waited for a worker), the due backlog per tenant, the workers and when
 each last passed, and with ``--failed`` the failed runs with their reason
 and step. ``--check`` is a health check for orchestrators: it reads only
 the oldest due row and the workers' heartbeats, and exits 1 when the lag is
-over ``--max-lag`` or no worker has passed within ``--max-heartbeat-age``. A heartbeat's age is
-read on the database's clock, the one it was written with, never on this
-process's. With the database unreachable, every form prints one line
-(``--json``: an object saying so) and exits 1.
+over ``--max-lag``, no worker has passed within ``--max-heartbeat-age``, or
+a worker's code is older than runs it met (it left them for a worker with
+newer code: restart it).
+A heartbeat's age is read on the database's clock, the one it was written
+with, never on this process's. With the database unreachable, every form
+prints one line (``--json``: an object saying so) and exits 1.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.management.arguments import positive_int, seconds_or_off
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import humanize, step_label
-from kumiko_workflows.operations.versions import VersionRow, version_lines, version_table
+from kumiko_workflows.operations.versions import (
+    VersionRow,
+    stale_workers,
+    version_lines,
+    version_table,
+)
 from kumiko_workflows.store import db
 from kumiko_workflows.workflow import clock
 
@@ -141,6 +148,8 @@ def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str
                 "seen_at": beat.seen_at.isoformat(),
                 "age_seconds": round(age.total_seconds(), 3),
                 "age": humanize(age),
+                # Newer definitions whose runs it leaves: its code is stale.
+                "left_code": beat.left_code or [],
             }
         )
     return rows
@@ -166,6 +175,12 @@ def health(
             f"the oldest due run ({due['run_id']}, {due['workflow_name']}, tenant "
             f"{due['tenant_id']}) has waited {due['lag']} for a worker: more than {max_lag:g} s"
         )
+    live = [
+        beat
+        for beat in beats
+        if max_heartbeat_age is None or beat["age_seconds"] <= max_heartbeat_age
+    ]
+    problems.extend(stale_workers(tenant, now, {beat["name"] for beat in live}))
     freshest = beats[0] if beats else None
     where = f" on host {host}" if host is not None else ""
     serving = f" serving tenant {tenant}" if tenant is not None else ""
@@ -393,6 +408,8 @@ class Command(BaseCommand):
             kind = "--loop" if row["loop"] else "one pass"
             line = f"  {row['name']}  {kind}, {scope}; last passed {row['age']} ago"
             self.stdout.write(line)
+        for line in stale_workers(None, clock.now(), {row["name"] for row in rows}):
+            self.stdout.write(self.style.WARNING("  " + line))
 
     def _print_failed(self, failed: list[dict[str, Any]]) -> None:
         self.stdout.write(self.style.MIGRATE_HEADING(f"Failed runs ({len(failed)} shown)"))

@@ -3,7 +3,9 @@
 Each workflow's versions: declared in the code or not, and how many runs are
 in flight on each. ``--check`` (for deploy pipelines) exits 1, naming the
 workflow, version and count, when runs are in flight on a version the code
-no longer declares (or changed in place): they would fail at resume.
+no longer declares, or changed in place at or before the step they wait at
+(naming the step and the change): they would fail at resume. Waiting runs an
+edit does not touch (steps after them) resume on it and are counted apart.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ class Command(BaseCommand):
     help = (
         "Show each workflow's versions: declared in the code or not, runs in flight (running "
         "or waiting) and how many of them would fail at resume. With --check, exit 1 if any "
-        "would: runs in flight on a version the code no longer declares."
+        "would: runs in flight on a version the code no longer declares, or that wait at or "
+        "after a step changed in place."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
