@@ -50,6 +50,8 @@ SOURCE = "kumiko-bench"
 DRAIN_WORKFLOW = "kumiko-bench-drain"
 WAKE_WORKFLOW = "kumiko-bench-wake"
 SLOW_WORKFLOW = "kumiko-bench-slow"
+ONE_STEP_WORKFLOW = "kumiko-bench-one-step"
+ONE_STEP_TRIGGER = "kumiko-bench.one-step-requested"
 DRAIN_TRIGGER = "kumiko-bench.drain-requested"
 WAKE_TRIGGER = "kumiko-bench.wake-started"
 SLOW_TRIGGER = "kumiko-bench.slow-requested"
@@ -70,6 +72,7 @@ SCENARIOS = (
     "wake_scale",
     "memory",
     "unanalysed",
+    "tasks",
 )
 DEFAULT_N = {
     "append": 2000,
@@ -82,6 +85,7 @@ DEFAULT_N = {
     "wake": 50,
     "wake_scale": 100_000,
     "unanalysed": 10_000,
+    "tasks": 2000,
 }
 #: Waiting runs (beside the one woken) at which wake_scale times an append.
 WAKE_SCALE_SIZES = (10, 1_000, 10_000, 100_000)
@@ -135,6 +139,10 @@ def _done(ctx: Any) -> bool:
     return ctx.steps["go"] is not None
 
 
+def _noop(ctx: Any) -> None:
+    return None
+
+
 def _key(event: Any) -> str:
     return event.payload["key"]
 
@@ -163,6 +171,14 @@ def register_bench_workflows() -> None:
         on_event(SLOW_TRIGGER),
         idempotency_key=_key,
         steps=[wait(_wake_at), compute("nap", _nap)],
+    )
+    # A task's equivalent run (scenario tasks): queued for a worker, one no-op step.
+    define_workflow(
+        ONE_STEP_WORKFLOW,
+        on_event(ONE_STEP_TRIGGER),
+        idempotency_key=_key,
+        start="worker",
+        steps=[compute("noop", _noop)],
     )
 
 
@@ -611,6 +627,60 @@ class Bench:
                     "kumiko, 1 worker",
                 )
             )
+
+    def scenario_tasks(self) -> None:
+        """No-op Django tasks enqueued, then drained by one worker, beside one-step runs.
+
+        The same worker drains the same number of queued one-step runs of a
+        plain workflow in the same round: the ratio is what a task costs over
+        a run (the framework's TaskResult, its signals, the attempt row).
+        """
+        from kumiko_workflows.conf import workflow_settings
+        from kumiko_workflows.store.events import append_event
+
+        n = self.size("tasks")
+        enqueue_times: list[float] = []
+        task_times: list[float] = []
+        run_times: list[float] = []
+        with override_settings(TASKS=bench_tasks_setting()):
+            from kumiko_bench import bench_tasks
+
+            for _ in range(self.rounds):
+                self.fresh_database()
+                started = time.perf_counter()
+                for _ in range(n):  # each in its own transaction, as a web request's
+                    bench_tasks.noop.enqueue()
+                enqueue_times.append(time.perf_counter() - started)
+                seconds, _reports = self.go(self.start_workers("tasks", 1))
+                done = WorkflowRun.objects.filter(
+                    tenant_id=workflow_settings.DEFAULT_TENANT,
+                    workflow_name="task:default",
+                    status=RunStatus.COMPLETED,
+                ).count()
+                if done != n:
+                    raise RuntimeError(f"tasks: {done} of {n} tasks completed")
+                task_times.append(seconds)
+                self.fresh_database()
+                for _ in range(n):
+                    append_event(
+                        uuid.uuid4(),
+                        SOURCE,
+                        ONE_STEP_TRIGGER,
+                        {"key": uuid.uuid4().hex},
+                        tenant_id=self.tenant,
+                    )
+                seconds, _reports = self.go(self.start_workers("drain", 1))
+                done = WorkflowRun.objects.filter(
+                    tenant_id=self.tenant, status=RunStatus.COMPLETED
+                ).count()
+                if done != n:
+                    raise RuntimeError(f"tasks: {done} of {n} one-step runs completed")
+                run_times.append(seconds)
+        enqueue = statistics.median(enqueue_times)
+        self.emit(Result("tasks_enqueue", n, enqueue, n / enqueue, note="enqueue, autocommit"))
+        self._ratio_result(
+            "tasks", n, task_times, run_times, "kumiko one-step runs, 1 worker", note="execute"
+        )
 
     def scenario_drain_traced(self) -> None:
         """The drain with tracing and metrics on beside it off, interleaved in each round.
@@ -1170,10 +1240,21 @@ def worker_main(
     user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
     # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
     batch = {"BATCH_SIZE": batch_size} if batch_size is not None else {}
-    with override_settings(KUMIKO_WORKFLOWS={**user, **batch}):
+    tasks = {"TASKS": bench_tasks_setting()} if mode == "tasks" else {}
+    with override_settings(KUMIKO_WORKFLOWS={**user, **batch}, **tasks):
         register_bench_workflows()
+        if mode == "tasks":
+            from kumiko_bench import bench_tasks  # defines the queue's workflow
+            from kumiko_workflows.conf import workflow_settings
+
+            del bench_tasks
+            tenant = workflow_settings.DEFAULT_TENANT  # where tasks are enqueued
         connection.ensure_connection()
         _work(mode, tenant, out)
+
+
+def bench_tasks_setting() -> dict[str, Any]:
+    return {"default": {"BACKEND": "kumiko_workflows.tasks.WorkflowTaskBackend"}}
 
 
 def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:

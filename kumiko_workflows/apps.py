@@ -75,3 +75,24 @@ class KumikoWorkflowsConfig(AppConfig):
             dispatch.on_event_saved, sender=Event, dispatch_uid="kumiko_workflows.projections"
         )
         autodiscover_modules("workflows")
+        self._define_task_workflows()
+
+    @staticmethod
+    def _define_task_workflows() -> None:
+        """Each queue's workflow of every ``TASKS`` backend of ours: a worker must know them.
+
+        The Tasks framework is imported only when ``TASKS`` names such a backend.
+        """
+        from django.conf import settings
+        from django.utils.module_loading import import_string
+
+        for params in (getattr(settings, "TASKS", None) or {}).values():
+            try:
+                backend = import_string(str(params.get("BACKEND", "")))
+            except ImportError:
+                continue  # the Tasks framework's own check reports it
+            if getattr(backend, "runs_as_workflows", False):
+                from kumiko_workflows.tasks import compat, runner
+
+                queues = params.get("QUEUES", [compat.DEFAULT_TASK_QUEUE_NAME])
+                runner.ensure_queue_workflows(sorted(queues))

@@ -57,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
     # to a purged run. False: the key stays used, as if the run still existed.
     "REUSE_PURGED_KEYS": False,
     # Whether the engine prepares its hot statements (PostgreSQL with psycopg 3):
-    # off behind a connection pooler that cannot keep them (see the README).
+    # off behind a connection pooler that cannot keep them (docs/reference/settings.md).
     "PREPARED_STATEMENTS": True,
 }
 

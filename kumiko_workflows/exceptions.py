@@ -51,8 +51,8 @@ class CrossDatabaseTransaction(WorkflowError):
     acts on a cron schedule) while ``KUMIKO_WORKFLOWS["DATABASE"]`` names
     another alias with no transaction open: the engine's writes would commit
     at once, whatever became of the caller's transaction. Open a transaction
-    on the engine's alias too, or call after the caller's commits (README,
-    "A database of their own").
+    on the engine's alias too, or call after the caller's commits (the docs'
+    settings reference, "What is atomic with what").
     """
 
 

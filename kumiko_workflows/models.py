@@ -519,3 +519,31 @@ class DeployedDefinition(models.Model):
             f"{self.workflow_name} v{self.workflow_version} {self.fingerprint[:12]} "
             f"(first seen {self.first_seen_at.isoformat()} by {self.first_seen_by})"
         )
+
+
+class TaskAttempt(models.Model):
+    """A failed attempt of a Django task run by ``kumiko_workflows.tasks`` (a task workflow's run).
+
+    Mutable bookkeeping beside the run, as ``WorkflowRun.last_error`` is: the
+    traceback is raw error text, which never goes into an immutable event.
+    Written in the attempt's transaction after its writes rolled back, so an
+    attempt a killed worker never committed leaves no row; deleted with its
+    run by retention. (The successful attempt is in the run's completed event.)
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    run_id = models.UUIDField()
+    attempt = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=300)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    exception_class_path = models.CharField(max_length=500)
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = "task attempt"
+        indexes = [models.Index(fields=["run_id", "attempt"], name="kumiko_task_attempt_run")]
+
+    def __str__(self) -> str:
+        return f"task run {self.run_id} attempt {self.attempt}"

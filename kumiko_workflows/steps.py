@@ -339,7 +339,7 @@ def _match_problems(where: str, stored: Callable[[], dict[str, Any]]) -> Iterato
     try:
         expression = stored()
     except InvalidMatchExpression as exc:
-        yield "E002", f"{where}: {exc}", "See the match expression grammar in README."
+        yield "E002", f"{where}: {exc}", "The grammar: docs/howto/match-expressions.md."
         return
     for problem in matching.never_matching(expression):
         yield (

@@ -2,7 +2,7 @@
 
 With ``opentelemetry-api`` (``pip install kumiko-workflows[otel]``) the engine
 makes a span for each run start, each resumed segment and each step, and
-records the metrics listed in README "Observability", through the providers
+records the metrics listed in docs/howto/observability.md, through the providers
 the site configured (OpenTelemetry's global ones unless :func:`configure`
 names others). Without the package nothing of it is imported and every hook
 here is a plain call that does nothing.

@@ -73,3 +73,12 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 KUMIKO_WORKFLOWS = {
     "DEFAULT_TENANT": "default",
 }
+
+# Django's Tasks framework on this app (tests/test_tasks.py); the backport on Django 5.2.
+TASKS = {
+    "default": {
+        "BACKEND": "kumiko_workflows.tasks.WorkflowTaskBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"MAX_ATTEMPTS": 1, "BASE_DELAY": 10},
+    },
+}

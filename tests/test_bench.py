@@ -48,8 +48,11 @@ def assert_result_lines(output: str) -> None:
         ), output
     # The drain at the configured BATCH_SIZE and at one run per commit, each beside the floor,
     # and traced beside untraced.
-    for name in ("append", "drain", "drain_batch1", "drain_traced"):
+    for name in ("append", "drain", "drain_batch1", "drain_traced", "tasks"):
         assert re.search(rf"^RATIO name={name} value=[\d.]+$", output, re.M), output
+    # Django tasks: enqueued, then executed beside the same number of one-step runs.
+    for name in ("tasks", "tasks_enqueue"):
+        assert re.search(rf"^RESULT name=kumiko_{name} n=\d+ ", output, re.M), output
     # Tracing and metrics on beside off: every run's spans were exported.
     assert re.search(
         r"^DRAIN_TRACED worker_cpu_us_per_run_off=\d+ worker_cpu_us_per_run_on=\d+ "
@@ -197,7 +200,7 @@ def _database_url(tmp_path: Path) -> str:
 
 
 def test_the_readme_command_runs_every_scenario_on_freshly_created_databases(tmp_path):
-    # What a user does (README, Performance): the bench's own settings, the
+    # What a user does (docs/discussions/performance.md): the bench's own settings, the
     # server in DATABASE_URL, a real process. Every measurement runs on a
     # database the bench has just created and migrated (so a drain's seeded
     # events have ids from 1, the ids a scratch copy of the event table hands

@@ -321,7 +321,7 @@ def test_system_check_reports_every_problem_with_its_hint():
 
     assert [(e.id, e.hint) for e in errors] == [
         ("kumiko_workflows.E001", "Declare it: define_workflow(awaits={key: 'event.type'})."),
-        ("kumiko_workflows.E002", "See the match expression grammar in README."),
+        ("kumiko_workflows.E002", "The grammar: docs/howto/match-expressions.md."),
         ("kumiko_workflows.E003", "Move waits out of retry(do=[...])."),
         ("kumiko_workflows.E004", "times counts all attempts, the first included."),
         (

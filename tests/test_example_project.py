@@ -36,7 +36,7 @@ def order_events(order):
 
 
 def test_an_unpaid_order_is_cancelled_when_its_three_days_are_up(workflows):
-    """The README's example, as it stands there."""
+    """The example of docs/howto/testing.md, on the example project's workflow."""
     order = uuid.uuid4()
     workflows.append_event(order, "order", "order.placed", {"order_id": str(order)})
     run = workflows.run_id("order-fulfilment", str(order))

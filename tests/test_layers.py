@@ -32,6 +32,7 @@ LAYERS = [
     ("kumiko_workflows.engine", 3),
     ("kumiko_workflows.operations", 4),
     ("kumiko_workflows.checks", 4),
+    ("kumiko_workflows.tasks", 4),  # the Django Tasks backend: runs on the engine
     ("kumiko_workflows.admin", 5),
     ("kumiko_workflows.aio", 5),
     ("kumiko_workflows.management", 5),

@@ -39,6 +39,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]
             "__pycache__",
             "test-output",
             "*.sqlite3",
+            "_build",
         ),
     )
     done = subprocess.run(
@@ -132,7 +133,11 @@ def test_the_wheel_metadata_is_complete(wheel: zipfile.ZipFile) -> None:
     urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL"))
     assert set(urls) == {"Homepage", "Source", "Changelog", "Issues"}
     assert all(url.startswith("https://") for url in urls.values())
-    assert "postgres" in metadata.get_all("Provides-Extra")
+    assert {"postgres", "otel", "docs", "test"} <= set(metadata.get_all("Provides-Extra"))
+    # The test extra installs the docs build, so the README's test command can build them.
+    requires = metadata.get_all("Requires-Dist")
+    assert any(r.startswith("sphinx") and 'extra == "test"' in r for r in requires), requires
+    assert any(r.startswith("myst-parser") and 'extra == "test"' in r for r in requires)
     # The long description is the README, shown as Markdown.
     assert metadata["Description-Content-Type"] == "text/markdown"
     assert metadata.get_payload().strip() == (REPO / "README.md").read_text().strip()

@@ -35,7 +35,7 @@ from kumiko_workflows.engine.worker import Worker
 from kumiko_workflows.models import Event, WorkflowRunPending
 from kumiko_workflows.workflow.definition import registry
 from tests.conftest import run_python, trigger, types_of
-from tests.test_readme import BLOCKS
+from tests.test_docs import DOCS, python_blocks
 from tests.testapp import cron_workflows as cw
 from tests.testapp import workflows as w
 
@@ -451,9 +451,10 @@ def test_a_rerun_of_a_failed_run_still_links_to_its_start(otel):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_readmes_prometheus_snippet_serves_the_metrics():
-    """README "Observability": its serve_metrics() in a process of its own, then a scrape."""
-    (block,) = [b.code for b in BLOCKS if "def serve_metrics" in b.code]
+def test_the_docs_prometheus_snippet_serves_the_metrics():
+    """docs/howto/observability.md: its serve_metrics() in a process of its own, then a scrape."""
+    page = (DOCS / "howto" / "observability.md").read_text()
+    (block,) = [b.code for b in python_blocks(page) if "def serve_metrics" in b.code]
     script = textwrap.dedent(
         """
         import sys, urllib.request

@@ -303,8 +303,12 @@ def resume_due_runs(
     now: datetime | None = None,
     should_stop: Callable[[], bool] | None = None,
     tenants: Sequence[str] | None = None,
+    workflows: Sequence[str] | None = None,
 ) -> ResumeReport:
     """Resume every due run (of one tenant, of ``tenants``, or of all), fairly across tenants.
+
+    ``workflows`` limits the pass to runs of those workflows (the worker's
+    ``--queue``: the task queues' workflows).
 
     Wake-ups left for later are decided first. Tenants take turns: each
     tenant with due rows resumes up to its turn's share (``BATCH_SIZE``
@@ -347,10 +351,26 @@ def resume_due_runs(
     report = ResumeReport()
     stop = should_stop or (lambda: False)
     leaving = deploys.leaving()
+    with db.claiming_only(workflows) if workflows is not None else nullcontext():
+        _take_turns(tenant_id, tenants, start, moment, report, limit, stop, leaving)
+    return report
+
+
+def _take_turns(
+    tenant_id: str | None,
+    tenants: Sequence[str] | None,
+    start: datetime,
+    moment: Callable[[], datetime],
+    report: ResumeReport,
+    limit: int | None,
+    stop: Callable[[], bool],
+    leaving: Collection[str],
+) -> None:
+    """The pass of :func:`resume_due_runs`: one tenant drained, or the tenants' turns."""
     if tenant_id is not None:
         # One tenant: no turns to take, its batches exactly as before.
         _drain_tenant(tenant_id, start, moment, report, limit, stop, None, set(), leaving)
-        return report
+        return
     # Insertion-ordered: the order of each round's turns.
     due_at: dict[str, datetime] = {}
     passed_over: dict[str, set[int]] = {}
@@ -363,7 +383,7 @@ def resume_due_runs(
     while due_at:
         for tenant in list(due_at):
             if stop() or (limit is not None and report.processed >= limit):
-                return report
+                return
             drained = _drain_tenant(
                 tenant,
                 due_at[tenant],
@@ -387,7 +407,6 @@ def resume_due_runs(
                 if tenant not in joined:
                     joined.add(tenant)
                     due_at[tenant] = instant
-    return report
 
 
 def turn_share(tenant: str) -> int:

@@ -50,6 +50,7 @@ from kumiko_workflows.models import (
     SETTLED_STATUSES,
     Event,
     PurgedRun,
+    TaskAttempt,
     WakeCheck,
     WorkflowRun,
     WorkflowRunPending,
@@ -692,6 +693,8 @@ def _purge_batch(
     PurgedRun.objects.bulk_create(tombstones, ignore_conflicts=True, batch_size=500)
     report.tombstones += len(tombstones)
     for chunk in _chunks(ids):
+        # A task's attempts (kumiko_workflows.tasks) go with its run; not counted apart.
+        TaskAttempt.objects.filter(tenant_id=tenant, run_id__in=chunk).delete()
         report.runs += WorkflowRun.objects.filter(tenant_id=tenant, run_id__in=chunk).delete()[0]
     return ids, kept
 

@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -306,6 +307,21 @@ def _instance_of(model: type[Any], values: Sequence[Any]) -> Any:
 _CONVERTERS: dict[tuple[str, str], list[tuple[int, Any, list[Any]]]] = {}
 
 
+#: The workflows a worker claims runs of (None: every workflow): ``resume_due_runs
+#: --queue`` limits a worker to some task queues' workflows (kumiko_workflows.tasks).
+claim_only: ContextVar[tuple[str, ...] | None] = ContextVar("kumiko_claim_only", default=None)
+
+
+@contextmanager
+def claiming_only(workflow_names: Sequence[str] | None) -> Iterator[None]:
+    """Claim only runs of ``workflow_names`` inside the block (None: every workflow)."""
+    token = claim_only.set(None if workflow_names is None else tuple(sorted(workflow_names)))
+    try:
+        yield
+    finally:
+        claim_only.reset(token)
+
+
 def claim_due(
     tenant_id: str, now: datetime, passed_over: set[int], leaving: Collection[str] = ()
 ) -> tuple[WorkflowRunPending, Event | None] | None:
@@ -323,6 +339,7 @@ def claim_due(
     """
     skip = sorted(passed_over)
     foreign = sorted(leaving)
+    only = claim_only.get() or ()
     pending, event = WorkflowRunPending._meta, Event._meta
     width = len(pending.concrete_fields)
     chained = chains_writes()
@@ -341,6 +358,8 @@ def claim_due(
         if foreign:
             marks = ", ".join(["%s"] * len(foreign))
             where += f" AND {alias}definition_fingerprint NOT IN ({marks})"
+        if only:
+            where += f" AND {alias}workflow_name IN ({', '.join(['%s'] * len(only))})"
         join = (
             f"LEFT JOIN {ops.quote_name(event.db_table)} e "
             "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
@@ -357,11 +376,11 @@ def claim_due(
             f"WHERE {where} ORDER BY c.wake_at, c.id LIMIT 1"
         )
 
-    sql = statement(("claim_due", len(skip), len(foreign)), build)
+    sql = statement(("claim_due", len(skip), len(foreign), len(only)), build)
     with hot_cursor() as cursor:
         if not chained:
             _take_write_lock(cursor)
-        cursor.execute(sql, [tenant_id, now, *skip, *foreign])
+        cursor.execute(sql, [tenant_id, now, *skip, *foreign, *only])
         found = cursor.fetchone()
         if found is not None and not chained:
             delete = statement(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import traceback
 import uuid
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,9 +199,17 @@ def raised(reason: str, step: str, what: str, exc: BaseException) -> Failure:
     )
 
 
+#: Called as ``recorder(run_id)`` each time a run's raw error is recorded: after
+#: the failed step's writes rolled back, in the run's transaction. The tasks
+#: backend (kumiko_workflows.tasks) keeps each failed attempt's error there.
+error_recorders: list[Callable[[uuid.UUID], None]] = []
+
+
 def set_last_error(run_id: uuid.UUID, detail: str) -> None:
     if detail:
         WorkflowRun.objects.filter(run_id=run_id).update(last_error=detail[:20_000])
+    for recorder in error_recorders:
+        recorder(run_id)
 
 
 def fail_run(

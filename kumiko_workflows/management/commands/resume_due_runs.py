@@ -19,6 +19,8 @@ from kumiko_workflows.management.arguments import (
     refuse_writing_rehearsal,
     tenant_id,
 )
+from kumiko_workflows.store import db
+from kumiko_workflows.tasks import names
 
 logger = logging.getLogger("kumiko_workflows.worker")
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
@@ -105,6 +107,16 @@ class Command(BaseCommand):
             ),
         )
         parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="Q",
+            help=(
+                "Only the tasks of this Django Tasks queue (repeat for several; "
+                "kumiko_workflows.tasks); no other runs. Default: every run."
+            ),
+        )
+        parser.add_argument(
             "--no-cron",
             action="store_false",
             dest="cron",
@@ -112,6 +124,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        queues = options.get("queues")
+        only = None if not queues else [names.workflow_name(queue) for queue in queues]
+        with db.claiming_only(only):
+            self._handle(*args, **options)
+
+    def _handle(self, *args: Any, **options: Any) -> None:
         package_logger = logging.getLogger("kumiko_workflows")
         previous_level = package_logger.level
         package_logger.setLevel(_LEVELS.get(options["verbosity"], logging.DEBUG))
