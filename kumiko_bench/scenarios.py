@@ -66,6 +66,7 @@ SCENARIOS = (
     "drain",
     "drain_traced",
     "slow_step",
+    "fairness",
     "scan",
     "wake",
     "wake_scale",
@@ -79,6 +80,7 @@ DEFAULT_N = {
     "drain": 2000,
     "drain_traced": 2000,
     "slow_step": 1000,
+    "fairness": 20_000,
     "scan": 1_000_000,
     "wake": 50,
     "wake_scale": 100_000,
@@ -92,6 +94,8 @@ WAKE_SCAN_LIMIT = 10_000
 WAKE_SCALE_TRIALS = 30
 MEMORY_SIZES = (5_000, 50_000)
 SCAN_DUE_ROWS = 100
+#: Due runs of the small tenant in the fairness scenario.
+FAIRNESS_SMALL = 10
 #: How long the slow run's step of slow_step sleeps, in seconds (``--slow-seconds``).
 SLOW_SECONDS = 5.0
 
@@ -348,8 +352,11 @@ class Bench:
 
     # -- seeding --------------------------------------------------------------------
 
-    def seed_due_runs(self, count: int, *, traced: bool = False) -> list[uuid.UUID]:
-        """``count`` due runs of the drain workflow, each with its own trigger event.
+    def seed_due_runs(
+        self, count: int, *, traced: bool = False, tenant: str | None = None
+    ) -> list[uuid.UUID]:
+        """``count`` due runs of the drain workflow (in ``tenant``, default the bench's), each
+        with its own trigger event.
 
         One run is started through ``append_event`` (the real engine); the
         rest are copies of its rows written with ``bulk_create``, so they have
@@ -358,6 +365,8 @@ class Bench:
         """
         from kumiko_workflows.store.events import append_event
 
+        tenant = tenant or self.tenant
+
         past = (timezone.now() - timedelta(minutes=5)).isoformat()
         template_key = f"t-{uuid.uuid4().hex}"
         append_event(
@@ -365,10 +374,10 @@ class Bench:
             SOURCE,
             DRAIN_TRIGGER,
             {"key": template_key, "wake_at": past},
-            tenant_id=self.tenant,
+            tenant_id=tenant,
         )
-        template_id = run_id_for(DRAIN_WORKFLOW, template_key, self.tenant)
-        stream = Event.objects.filter(tenant_id=self.tenant, aggregate_id=template_id)
+        template_id = run_id_for(DRAIN_WORKFLOW, template_key, tenant)
+        stream = Event.objects.filter(tenant_id=tenant, aggregate_id=template_id)
         started, waiting = list(stream.order_by("version"))
         assert waiting.type == et.WAITING, "the drain workflow must suspend at its wait"
         run = WorkflowRun.objects.get(run_id=template_id)
@@ -386,7 +395,7 @@ class Bench:
             triggers = Event.objects.bulk_create(
                 [
                     Event(
-                        tenant_id=self.tenant,
+                        tenant_id=tenant,
                         aggregate_id=uuid.uuid4(),
                         aggregate_type=SOURCE,
                         version=1,
@@ -398,7 +407,7 @@ class Bench:
             )
             events, runs, rows = [], [], []
             for key, trigger in zip(keys, triggers, strict=True):
-                run_id = run_id_for(DRAIN_WORKFLOW, key, self.tenant)
+                run_id = run_id_for(DRAIN_WORKFLOW, key, tenant)
                 run_ids.append(run_id)
                 for template in (started, waiting):
                     payload = {**template.payload, "trigger_event_id": trigger.id}
@@ -406,7 +415,7 @@ class Bench:
                         payload["idempotency_key"] = key
                     events.append(
                         Event(
-                            tenant_id=self.tenant,
+                            tenant_id=tenant,
                             aggregate_id=run_id,
                             aggregate_type=et.RUN_AGGREGATE_TYPE,
                             version=template.version,
@@ -793,6 +802,94 @@ class Bench:
             f"slow_s={self.slow_seconds:g}"
         )
 
+    def scenario_fairness(self) -> None:
+        """A small tenant's due runs beside a big tenant's backlog, two ``--loop`` workers.
+
+        Tenant A has ``N`` due runs of the drain workflow, tenant B (whose id
+        sorts after A's) ``FAIRNESS_SMALL``. Each round drains A alone and A
+        beside B (in alternating order), on fresh databases, the two workers
+        released together: B's start lag is
+        each ``workflow.step.resumed`` event's ``created_at`` minus the
+        release, and A's rate beside B is compared with its rate alone.
+        """
+        if self.vendor != "postgresql":
+            self.skip("fairness", "SQLite allows one writer: two workers need PostgreSQL")
+            return
+        n = self.size("fairness")
+        small = FAIRNESS_SMALL
+        other = f"{self.tenant}-z"
+        alone: list[float] = []
+        beside: list[float] = []
+        p50s: list[float] = []
+        p95s: list[float] = []
+        maxes: list[float] = []
+        for round_ in range(self.rounds):
+            # Alternating, so neither mode is always the second on a fresh database.
+            for with_small in (False, True) if round_ % 2 == 0 else (True, False):
+                self.fresh_database()
+                big = self.seed_due_runs(n)
+                few = self.seed_due_runs(small, tenant=other) if with_small else []
+                procs = self.start_workers("fair", 2)
+                released = timezone.now()
+                seconds = self._until_completed(procs, len(big) + len(few))
+                self.verify_completed_once(big)
+                (alone, beside)[with_small].append(seconds)
+                if with_small:
+                    lags = [
+                        (resumed_at - released).total_seconds()
+                        for resumed_at in Event.objects.filter(
+                            tenant_id=other, type=et.RESUMED
+                        ).values_list("created_at", flat=True)
+                    ]
+                    if len(lags) != small:
+                        raise RuntimeError(f"fairness: {len(lags)} of {small} small runs resumed")
+                    p50s.append(_pct(lags, 50))
+                    p95s.append(_pct(lags, 95))
+                    maxes.append(max(lags))
+        p50, p95, most = (statistics.median(values) for values in (p50s, p95s, maxes))
+        # A's rate beside B over its rate alone (B's few runs left out of the count).
+        rate = statistics.median(a / b for a, b in zip(alone, beside, strict=True))
+        self.emit(
+            Result(
+                "fairness",
+                n,
+                statistics.median(beside),
+                n / statistics.median(beside),
+                rate,
+                "the big tenant alone",
+                extra={"small_p50_s": p50, "small_p95_s": p95, "small_max_s": most},
+                note=(
+                    f"{small} runs of another tenant start after p50 {p50:.3f} s, "
+                    f"p95 {p95:.3f} s, max {most:.3f} s; 2 --loop workers"
+                ),
+            )
+        )
+        self.out(
+            f"FAIRNESS small_p50_s={p50:.3f} small_p95_s={p95:.3f} small_max_s={most:.3f} "
+            f"big_rate_vs_alone={rate:.3f} big_alone_s={statistics.median(alone):.3f} "
+            f"big_beside_s={statistics.median(beside):.3f}"
+        )
+
+    def _until_completed(self, procs: list[subprocess.Popen], count: int) -> float:
+        """Release ``--loop`` workers, wait until ``count`` runs completed, stop them: seconds."""
+        started = time.perf_counter()
+        try:
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write("GO\n")
+                proc.stdin.flush()
+            while WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() < count:
+                if any(proc.poll() is not None for proc in procs):
+                    raise RuntimeError("fairness: a bench worker exited early")
+                if time.perf_counter() - started > 3600:
+                    raise RuntimeError("fairness: the runs did not complete within an hour")
+                time.sleep(0.05)
+            return time.perf_counter() - started
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.communicate(timeout=60)
+
     def scenario_scan(self) -> None:
         not_due = self.size("scan")
         self.fresh_database()
@@ -948,9 +1045,7 @@ class Bench:
             )
             self.out(f"WAKE_SCALE waiting={waiting} p50_ms={p50:.1f} p95_ms={p95:.1f}{scan_fields}")
         if len(sizes) > 1 and first_p50:
-            self.out(
-                f"RATIO name=wake_scale_{sizes[-1]}_vs_{sizes[0]} value={p50 / first_p50:.3f}"
-            )
+            self.out(f"RATIO name=wake_scale_{sizes[-1]}_vs_{sizes[0]} value={p50 / first_p50:.3f}")
 
     def _time_wakes(self, append_event: Callable[..., Any]) -> list[float]:
         timings = []
@@ -1163,6 +1258,15 @@ def bench_tasks_setting() -> dict[str, Any]:
 
 
 def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
+    if mode == "fair":
+        from django.core.management import call_command
+
+        # Every tenant, released together by GO (the fairness scenario).
+        out("READY")
+        if sys.stdin.readline().strip() != "GO":
+            return
+        call_command("resume_due_runs", "--loop", "--no-cron", "--interval", "1", verbosity=0)
+        return
     if mode == "loop":
         from django.core.management import call_command
 

@@ -97,6 +97,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="kumiko_workflows.E029",
             )
         )
+    errors.extend(_weight_problems(workflow_settings.TENANT_WEIGHTS))
     for key in ("CRON_TENANTS", "ADMIN_TENANT"):
         try:
             import_callable(getattr(workflow_settings, key), key)
@@ -110,6 +111,29 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
     errors.extend(_database_problems(settings))
     return errors
+
+
+def _weight_problems(weights: Any) -> list[checks.CheckMessage]:
+    """``TENANT_WEIGHTS``: a dict of tenant ids to positive integers (``E110``)."""
+    hint = 'Tenant id to a positive integer, e.g. {"big-customer": 4}; a tenant not named weighs 1.'
+    if not isinstance(weights, dict):
+        return [
+            checks.Error(
+                f"KUMIKO_WORKFLOWS['TENANT_WEIGHTS'] must be a dict, got {weights!r}.",
+                hint=hint,
+                id="kumiko_workflows.E110",
+            )
+        ]
+    return [
+        checks.Error(
+            f"KUMIKO_WORKFLOWS['TENANT_WEIGHTS'][{tenant!r}] must be a positive integer, "
+            f"got {weight!r}.",
+            hint=hint,
+            id="kumiko_workflows.E110",
+        )
+        for tenant, weight in weights.items()
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1
+    ]
 
 
 ROUTER = "kumiko_workflows.routers.WorkflowsRouter"

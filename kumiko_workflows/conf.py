@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     # Runs a worker resumes per transaction (each claimed when its turn comes,
     # when its turn comes); 1 commits every run on its own.
     "BATCH_SIZE": 50,
+    # Weights of tenants' turns in a resume pass (tenant id -> positive int):
+    # a turn resumes BATCH_SIZE x weight runs; a tenant not named weighs 1.
+    "TENANT_WEIGHTS": {},
     # Seconds after which a worker commits its batch early (a slow step ends it).
     "BATCH_SECONDS": 0.5,
     # Passes in a row whose resume of a run raises before the run is failed

@@ -68,6 +68,13 @@ def assert_result_lines(output: str) -> None:
         assert re.search(r"^RATIO name=drain_2 value=", output, re.M), output
         assert re.search(r"^RATIO name=drain_2_vs_1 value=", output, re.M), output
         assert re.search(r"^RESULT name=kumiko_slow_step n=20 ", output, re.M), output
+        assert re.search(r"^RATIO name=fairness value=[\d.]+$", output, re.M), output
+        assert re.search(
+            r"^FAIRNESS small_p50_s=[\d.]+ small_p95_s=[\d.]+ small_max_s=[\d.]+ "
+            r"big_rate_vs_alone=[\d.]+ big_alone_s=[\d.]+ big_beside_s=[\d.]+$",
+            output,
+            re.M,
+        ), output
         assert re.search(r"^RATIO name=unanalysed value=[\d.]+$", output, re.M), output
         assert re.search(
             r"^UNANALYSED waiting=20 p50_ms=[\d.]+ analysed_p50_ms=[\d.]+$", output, re.M
@@ -81,6 +88,7 @@ def assert_result_lines(output: str) -> None:
         assert "SKIPPED name=kumiko_wake reason=needs PostgreSQL" in output
         assert "SKIPPED name=kumiko_drain_2" in output
         assert "SKIPPED name=kumiko_slow_step reason=SQLite allows one writer" in output
+        assert "SKIPPED name=kumiko_fairness reason=SQLite allows one writer" in output
         assert "SKIPPED name=kumiko_unanalysed reason=needs PostgreSQL" in output
     assert "scenario" in output and "per sec" in output  # the table for people
 

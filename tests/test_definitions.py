@@ -590,6 +590,16 @@ SETTINGS_ERRORS = {
         "KUMIKO_WORKFLOWS['DEFAULT_TENANT'] contains a NUL character (\\u0000), which the "
         "database cannot store.",
     ),
+    "weights not a dict": (
+        {"TENANT_WEIGHTS": ["acme"]},
+        "E110",
+        "KUMIKO_WORKFLOWS['TENANT_WEIGHTS'] must be a dict, got ['acme'].",
+    ),
+    "zero weight": (
+        {"TENANT_WEIGHTS": {"acme": 0}},
+        "E110",
+        "KUMIKO_WORKFLOWS['TENANT_WEIGHTS']['acme'] must be a positive integer, got 0.",
+    ),
     "unimportable tenants": (
         {"CRON_TENANTS": "no.such.module.tenants"},
         "E024",

@@ -44,15 +44,17 @@ def _table(model: Any) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
-def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> list[uuid.UUID]:
-    """Write, for each key, what triggering ``t-faults-load`` with ``for_`` would.
+def generate_waiting_runs(
+    keys: list[str], for_: str, created_at: datetime, tenant: str = TENANT
+) -> list[uuid.UUID]:
+    """Write, for each key, what triggering ``t-faults-load`` with ``for_`` would (in ``tenant``).
 
     That is the trigger event, ``workflow.run-started``, ``workflow.step.waiting``,
     the ``WorkflowRun`` row and the pending row. Returns the run ids.
     """
     workflow = registry.get(WORKFLOW)
     wake_at = durations.wake_time(for_, created_at)
-    runs = [run_id_for(WORKFLOW, key, TENANT) for key in keys]
+    runs = [run_id_for(WORKFLOW, key, tenant) for key in keys]
     sources = [uuid.uuid4() for _ in keys]
     event, run, pending = _table(Event), _table(WorkflowRun), _table(WorkflowRunPending)
     columns = (
@@ -60,7 +62,7 @@ def generate_waiting_runs(keys: list[str], for_: str, created_at: datetime) -> l
         "metadata, created_by, created_at"
     )
     common = {
-        "tenant": TENANT,
+        "tenant": tenant,
         "name": WORKFLOW,
         "fingerprint": workflow.fingerprint,
         "workflow_version": workflow.version,

@@ -85,6 +85,7 @@ def test_workflow_status_counts_runs_and_shows_the_oldest_due_row(past, future):
     assert "3 suspended step(s), 1 due now" in out
     assert f"oldest due: run {due} (t-wait, tenant default, step 1, wait) due since " in out
     assert ", lag " in out
+    assert "  due by tenant (tenants take turns): default 1" in lines
 
 
 def test_the_lag_is_how_long_the_oldest_due_row_has_waited_for_a_worker(past):
@@ -98,6 +99,17 @@ def test_the_lag_is_how_long_the_oldest_due_row_has_waited_for_a_worker(past):
     assert oldest["run_id"] == str(due)
     assert (oldest["lag_seconds"], oldest["lag"]) == (3720.0, "1 h 2 min")
     assert report["pending"]["due"] == 2
+
+
+def test_the_backlog_per_tenant_largest_first(past, future):
+    for tenant, count in (("acme", 1), ("big", 3), ("idle", 0)):
+        for _ in range(count):
+            start("t.wait", "t-wait", tenant=tenant, **{"for": past})
+    start("t.wait", "t-wait", tenant="idle", **{"for": future})
+
+    now = timezone.now() + timedelta(seconds=1)
+    assert status_report(None, now)["pending"]["due_by_tenant"] == {"big": 3, "acme": 1}
+    assert status_report("acme", now)["pending"]["due_by_tenant"] == {"acme": 1}
 
 
 def test_workflow_status_failed_lists_reason_and_step(past):
@@ -137,7 +149,8 @@ def test_workflow_status_json_for_machines(past, future):
     assert data["failed"][0]["reason"] == "step_failed"
     assert data["failed"][0]["step_label"] == "step 0 (compute 'boom')"
     assert scoped["tenant"] == "acme" and "failed" not in scoped
-    assert scoped["pending"] == {"total": 1, "due": 0, "oldest_due": None}
+    assert scoped["pending"] == {"total": 1, "due": 0, "oldest_due": None, "due_by_tenant": {}}
+    assert data["pending"]["due_by_tenant"] == {"default": 1}
 
 
 def test_workflow_status_with_nothing_to_show():

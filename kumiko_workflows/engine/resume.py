@@ -271,28 +271,46 @@ def resume_due_runs(
     *,
     now: datetime | None = None,
     should_stop: Callable[[], bool] | None = None,
+    tenants: Sequence[str] | None = None,
     workflows: Sequence[str] | None = None,
 ) -> ResumeReport:
-    """Resume every due run (of one tenant, or all), oldest first.
+    """Resume every due run (of one tenant, of ``tenants``, or of all), fairly across tenants.
 
     ``workflows`` limits the pass to runs of those workflows (the worker's
     ``--queue``: the task queues' workflows).
 
-    Wake-up checks left for later are decided first. Rows are claimed one at
-    a time and committed up to ``KUMIKO_WORKFLOWS['BATCH_SIZE']`` per
+    Wake-ups left for later are decided first. Tenants take turns: each
+    tenant with due rows resumes up to its turn's share (``BATCH_SIZE``
+    runs, times its ``TENANT_WEIGHTS`` weight), oldest due first, before
+    the next tenant's turn, round after round until every tenant is drained,
+    so a due run waits for at most one turn of each other tenant, however
+    large their backlogs. Between rounds, at most every ``BATCH_SECONDS``,
+    the pass looks for tenants that came to have due rows meanwhile, which
+    join it; a tenant drained in this pass does not rejoin, so a pass ends.
+    Rows are claimed one at a time and committed up to ``BATCH_SIZE`` per
     transaction (see :func:`_drain_tenant`). A failing step fails its run; a
     row that raises (an infrastructure error) is logged and counted in
-    ``errors`` and does not stop the others. ``now`` defaults to
-    the current time; ``should_stop`` is polled between rows.
+    ``errors`` and does not stop the others. ``now`` defaults to the current
+    time; ``should_stop`` is polled between rows. ``tenants`` (not with
+    ``tenant_id``) limits the pass to those tenants, taking turns.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
     check_name(tenant_id, "tenant_id", "tenant_id")
+    if tenants is not None:
+        if tenant_id is not None:
+            raise InvalidArgument("give tenant_id or tenants, not both")
+        if isinstance(tenants, str):
+            raise InvalidArgument(f"tenants must be a list of tenant ids, got {tenants!r}")
+        for each in tenants:
+            check_name(each, "tenants", "tenant_id")
     # Wake-ups not yet decided (their process died after commit, or a row
     # was locked) first, so the runs they wake are due in this pass.
-    decide_waiting_checks(tenant_id)
-    # Rows due at the pass's start are picked; each runs at its own moment, so
-    # waits and backoffs it starts are not shortened by a long pass.
+    for checked in [tenant_id] if tenants is None else list(tenants):
+        decide_waiting_checks(checked)
+    # Each tenant's rows due when it joins the pass are picked; each runs at
+    # its own moment, so waits and backoffs it starts are not shortened by a
+    # long pass.
     fixed = now
     start = fixed or clock.now()
 
@@ -300,16 +318,77 @@ def resume_due_runs(
         return fixed or clock.now()
 
     report = ResumeReport()
-    tenants = [tenant_id] if tenant_id is not None else db.due_tenants(start)
+    stop = should_stop or (lambda: False)
     leaving = deploys.leaving()
     with db.claiming_only(workflows) if workflows is not None else nullcontext():
-        for tenant in tenants:
-            _drain_tenant(
-                tenant, start, moment, report, limit, should_stop or (lambda: False), leaving
-            )
-            if should_stop and should_stop():
-                break
+        _take_turns(tenant_id, tenants, start, moment, report, limit, stop, leaving)
     return report
+
+
+def _take_turns(
+    tenant_id: str | None,
+    tenants: Sequence[str] | None,
+    start: datetime,
+    moment: Callable[[], datetime],
+    report: ResumeReport,
+    limit: int | None,
+    stop: Callable[[], bool],
+    leaving: Collection[str],
+) -> None:
+    """The pass of :func:`resume_due_runs`: one tenant drained, or the tenants' turns."""
+    if tenant_id is not None:
+        # One tenant: no turns to take, its batches exactly as before.
+        _drain_tenant(tenant_id, start, moment, report, limit, stop, None, set(), leaving)
+        return
+    # Insertion-ordered: the order of each round's turns.
+    due_at: dict[str, datetime] = {}
+    passed_over: dict[str, set[int]] = {}
+    if tenants is not None:
+        due_at = dict.fromkeys(tenants, start)
+    else:
+        due_at = dict.fromkeys(db.due_tenants(start), start)
+    joined = set(due_at)
+    looked = time.monotonic()
+    while due_at:
+        for tenant in list(due_at):
+            if stop() or (limit is not None and report.processed >= limit):
+                return
+            drained = _drain_tenant(
+                tenant,
+                due_at[tenant],
+                moment,
+                report,
+                limit,
+                stop,
+                turn_share(tenant),
+                passed_over.setdefault(tenant, set()),
+                leaving,
+            )
+            if drained:
+                del due_at[tenant]
+        # At most every BATCH_SECONDS: the look is one index probe per tenant
+        # with pending rows, due or not, and a pass of one big backlog has a
+        # round per turn.
+        if tenants is None and time.monotonic() - looked >= float(workflow_settings.BATCH_SECONDS):
+            looked = time.monotonic()
+            instant = moment()
+            for tenant in db.due_tenants(instant):
+                if tenant not in joined:
+                    joined.add(tenant)
+                    due_at[tenant] = instant
+
+
+def turn_share(tenant: str) -> int:
+    """Runs one turn of ``tenant`` resumes: ``BATCH_SIZE`` times its weight (default 1).
+
+    The weights are ``KUMIKO_WORKFLOWS['TENANT_WEIGHTS']`` (tenant id to a
+    positive integer; system check ``kumiko_workflows.E110``).
+    """
+    weights = workflow_settings.TENANT_WEIGHTS or {}
+    weight = weights.get(tenant, 1) if isinstance(weights, dict) else 1
+    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+        weight = 1  # reported by the system check; never a stuck tenant
+    return max(1, int(workflow_settings.BATCH_SIZE)) * weight
 
 
 def _commits_per_run(row: WorkflowRunPending) -> bool:
@@ -333,17 +412,22 @@ def _drain_tenant(
     report: ResumeReport,
     limit: int | None,
     should_stop: Callable[[], bool],
+    share: int | None,
+    passed_over: set[int],
     leaving: Collection[str] = (),
-) -> None:
-    """Resume the tenant's due rows, claimed one at a time, a batch per transaction.
+) -> bool:
+    """Resume the tenant's due rows (up to ``share`` claims: its turn), a batch per transaction.
 
+    Returns whether the tenant has no row left to claim (its turn may also
+    end at ``share``, at ``limit`` or at a stop; None: no share, drain it).
     A row is locked only when its turn comes, so a slow step never holds rows
     it has not reached: other workers take them meanwhile. A failing step
     fails its run alone (its steps' writes roll back to the savepoint taken
     before their first statement), so no other run's steps run again. A
     transaction commits after ``BATCH_SIZE`` runs, once ``BATCH_SECONDS``
     have passed (a slow step ends its batch), and around each run of a
-    workflow defined with ``commit="per_run"``.
+    workflow defined with ``commit="per_run"``. ``passed_over`` (rows whose
+    resume raised) lasts the whole pass, across the tenant's turns.
 
     An error in the engine's own writes for a run (a database error, a
     site's projection raising) is rolled back with its savepoint where code
@@ -351,12 +435,14 @@ def _drain_tenant(
     otherwise with the batch, as a crash would: then the batch's other runs
     are resumed again, and their steps run again.
     """
-    passed_over: set[int] = set()
     batch_size = max(1, int(workflow_settings.BATCH_SIZE))
+    claims = 0
     while True:
         remaining = None if limit is None else limit - report.processed
+        if share is not None:
+            remaining = share - claims if remaining is None else min(remaining, share - claims)
         if (remaining is not None and remaining <= 0) or should_stop():
-            return
+            return False
         size = batch_size if remaining is None else min(batch_size, remaining)
         batch = ResumeReport()
         drained = False
@@ -366,7 +452,6 @@ def _drain_tenant(
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):
                     if should_stop():
-                        drained = True
                         break
                     done = _claim_and_resume(
                         tenant, now, clock(), passed_over, batch, savepoints, leaving
@@ -374,6 +459,7 @@ def _drain_tenant(
                     if done is None:
                         drained = True
                         break
+                    claims += 1
                     if done or time.monotonic() > deadline:
                         break  # commit now
         except _Unwound as unwound:
@@ -384,7 +470,7 @@ def _drain_tenant(
             continue
         report.add(batch)
         if drained:
-            return
+            return True
 
 
 def _claim_and_resume(

@@ -388,18 +388,13 @@ class Worker:
         if self.max_runs is not None:
             left = self.max_runs - self.handled
             limit = left if limit is None else min(limit, left)
-        report = ResumeReport()
-        tenants: list[str | None] = [*self.tenants] or [None]
-        for tenant in tenants:
-            if limit is not None and report.processed >= limit:
-                break
-            part = resume_due_runs(
-                tenant_id=tenant,
-                limit=None if limit is None else limit - report.processed,
-                now=now,
-                should_stop=lambda: self.stopping,
-            )
-            report.add(part)
+        # Its tenants (or every tenant) take turns in the one pass.
+        report = resume_due_runs(
+            limit=limit,
+            now=now,
+            should_stop=lambda: self.stopping,
+            tenants=self.tenants or None,
+        )
         if self.heartbeat is not None and report.left:
             self.heartbeat.note_left(deploys.left_code())
         self.totals.add(report)

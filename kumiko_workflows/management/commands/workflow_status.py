@@ -2,12 +2,13 @@
 
 Counts of runs by workflow and status, the runs in flight per workflow and
 version, the pending rows and the oldest due one with its lag (how long it
-has waited for a worker), the workers and when each last passed, and with
-``--failed`` the failed runs with their reason and step. ``--check`` is a
-health check for orchestrators: it reads only the oldest due row and the
-workers' heartbeats, and exits 1 when the lag is over ``--max-lag``, no
-worker has passed within ``--max-heartbeat-age``, or a worker's code is
-older than runs it met (it left them for a worker with newer code: restart it).
+has waited for a worker), the due backlog per tenant, the workers and when
+each last passed, and with ``--failed`` the failed runs with their reason
+and step. ``--check`` is a health check for orchestrators: it reads only
+the oldest due row and the workers' heartbeats, and exits 1 when the lag is
+over ``--max-lag``, no worker has passed within ``--max-heartbeat-age``, or
+a worker's code is older than runs it met (it left them for a worker with
+newer code: restart it).
 A heartbeat's age is read on the database's clock, the one it was written
 with, never on this process's. With the database unreachable, every form
 prints one line (``--json``: an object saying so) and exits 1.
@@ -61,6 +62,7 @@ def status_report(
             "total": pending.count(),
             "due": due.count(),
             "oldest_due": oldest_due(tenant, now),
+            "due_by_tenant": due_by_tenant(tenant, now),
         },
         "workers": workers(tenant),
     }
@@ -83,6 +85,24 @@ def status_report(
             for run in rows
         ]
     return report
+
+
+#: Due rows counted per tenant up to this many (the due-backlog gauge's cap).
+DUE_CAP = 100_000
+
+
+def due_by_tenant(tenant: str | None, now: datetime) -> dict[str, int]:
+    """The backlog per tenant: due rows of each tenant that has some, largest first.
+
+    Counted up to :data:`DUE_CAP` each, one index range per tenant (see
+    ``db.due_backlog``). A pass takes a turn of each of them in turn.
+    """
+    rows = [
+        (each, count)
+        for each, count in db.due_backlog(now, DUE_CAP)
+        if count and (tenant is None or each == tenant)
+    ]
+    return dict(sorted(rows, key=lambda row: (-row[1], row[0])))
 
 
 def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:
@@ -349,6 +369,10 @@ class Command(BaseCommand):
         if oldest is None:
             self.stdout.write("  nothing is due")
             return
+        backlog = pending["due_by_tenant"]
+        shown = ", ".join(f"{tenant} {count:,}" for tenant, count in list(backlog.items())[:10])
+        more = f" and {len(backlog) - 10} more" if len(backlog) > 10 else ""
+        self.stdout.write(f"  due by tenant (tenants take turns): {shown}{more}")
         line = (
             f"  oldest due: run {oldest['run_id']} ({oldest['workflow_name']}, tenant "
             f"{oldest['tenant_id']}, step {oldest['step']}, {oldest['suspension_type']}) "
