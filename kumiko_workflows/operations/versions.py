@@ -125,31 +125,17 @@ def _judge_waiting(
     if version is not None and registry.get(row.workflow_name, version) is None:
         row.stranded += runs  # the version is gone: its row says so, whatever the step
         return
-    waiting = (
-        WorkflowRunPending.objects.for_tenant(tenant_id)
-        .filter(
-            workflow_name=row.workflow_name,
-            workflow_version=version,
-            definition_fingerprint=fingerprint,
-        )
-        .order_by()
-        .values("step")
-        .annotate(n=Count("id"))
+    on_definition = WorkflowRunPending.objects.for_tenant(tenant_id).filter(
+        workflow_name=row.workflow_name,
+        workflow_version=version,
+        definition_fingerprint=fingerprint,
     )
+    waiting = on_definition.order_by().values("step").annotate(n=Count("id"))
     counted = 0
     for group in sorted(waiting, key=lambda group: group["step"]):
         step, count = group["step"], group["n"]
         counted += count
-        sample = (
-            WorkflowRunPending.objects.for_tenant(tenant_id)
-            .filter(
-                workflow_name=row.workflow_name,
-                workflow_version=version,
-                definition_fingerprint=fingerprint,
-                step=step,
-            )
-            .first()
-        )
+        sample = on_definition.filter(step=step).first()
         assert sample is not None  # just counted
         prints = deploys.run_prints(sample.tenant_id, sample.run_id, fingerprint)
         workflow, why = deploys.compatible(
