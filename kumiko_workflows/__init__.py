@@ -21,6 +21,8 @@ _EXPORTS = {
     "on_event": "kumiko_workflows.workflow.definition",
     "on_cron": "kumiko_workflows.workflow.definition",
     "run_id_for": "kumiko_workflows.workflow.definition",
+    "Limit": "kumiko_workflows.workflow.limits",
+    "Rate": "kumiko_workflows.workflow.limits",
     "steps": "kumiko_workflows.steps",
     "match": "kumiko_workflows.match",
     "event_types": "kumiko_workflows.event_types",
@@ -75,7 +77,9 @@ __all__ = [
     "InvalidDuration",
     "InvalidEvent",
     "InvalidMatchExpression",
+    "Limit",
     "MigrationRefused",
+    "Rate",
     "RunContext",
     "RunNotFound",
     "RunNotRerunnable",
@@ -153,6 +157,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from kumiko_workflows.store.events import append_event, load_stream, stream_id_for
     from kumiko_workflows.workflow.definition import define_workflow, on_cron, on_event, run_id_for
+    from kumiko_workflows.workflow.limits import Limit, Rate
 
 
 def __getattr__(name: str) -> Any:

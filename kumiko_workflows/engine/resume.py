@@ -26,7 +26,7 @@ from django.db.models import F
 from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.engine import deploys
+from kumiko_workflows.engine import deploys, limits
 from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
 from kumiko_workflows.engine.wakeups import (
     decide_waiting_checks,
@@ -56,6 +56,7 @@ from kumiko_workflows.store.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
     INVALID_PENDING_ROW,
+    LIMIT_KEY_FAILED,
     RESUME_FAILED_REPEATEDLY,
     TRIGGER_EVENT_UNAVAILABLE,
     Failure,
@@ -233,6 +234,22 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         )
         return "failed", True
     assert trigger is not None
+    admission = limits.ADMITTED
+    if workflow.limited:
+        try:
+            admission = limits.admit(workflow, row, stream, trigger)
+        except limits.UnusableKey as exc:
+            fail_opened(
+                stream,
+                opening,
+                Failure(LIMIT_KEY_FAILED, row.step, str(exc), detail=repr(exc.__cause__ or exc)),
+                state=state,
+                retry_from=row.step,
+                suspension=suspensions.standing(row),
+            )
+            return "failed", True
+        if not admission.admitted:
+            return "suspended", False  # queued for a slot of its key
 
     steps = dict(state.get("results") or {})
     for key, event_id in awaited.items():
@@ -262,7 +279,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         cursor = Cursor((len(workflow.steps),), after=False)
     # A move onto an edited definition is appended on its own: its status write comes first.
     held = moved_from is None
-    return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held), True
+    outcome = run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held)
+    limits.after_segment(row.tenant_id, workflow.name, admission)
+    return outcome, True
 
 
 def resume_due_runs(
@@ -393,7 +412,8 @@ def turn_share(tenant: str) -> int:
 
 def _commits_per_run(row: WorkflowRunPending) -> bool:
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)
-    return workflow is not None and workflow.commit == "per_run"
+    # A limited workflow's run commits at once: its slot frees at the commit.
+    return workflow is not None and (workflow.commit == "per_run" or workflow.limited)
 
 
 class _Unwound(Exception):

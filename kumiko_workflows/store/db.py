@@ -31,6 +31,7 @@ from kumiko_workflows.event_types import RUN_AGGREGATE_TYPE
 from kumiko_workflows.models import (
     DeployedDefinition,
     Event,
+    LimitSlot,
     PurgedRun,
     SignalDelivery,
     WorkflowRun,
@@ -985,3 +986,122 @@ def register_definitions(rows: Sequence[tuple[str, str, int, dict[str, str]]], b
         params += [fingerprint, name, version, prints.get_db_prep_save(step_prints, conn), by]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+# --- concurrency and rate limits (engine/limits) --------------------------------
+
+
+def _slot_table(model: type[Any]) -> tuple[str, str]:
+    """The quoted table of a limit's slots and its key column."""
+    key = "limit_key" if model is LimitSlot else "rate_key"
+    return engine().ops.quote_name(model._meta.db_table), key
+
+
+def ensure_slots(
+    model: type[Any], tenant_id: str, workflow_name: str, key: str, count: int
+) -> None:
+    """Make the slot rows ``-1`` (the queue lock) to ``count - 1`` of one key, where missing.
+
+    ``ON CONFLICT DO NOTHING``: rows already there (committed) are left as
+    they are, without waiting for anyone's lock on them.
+    """
+    table, column = _slot_table(model)
+    values = ", ".join(["(%s, %s, %s, %s)"] * (count + 1))
+    sql = (
+        f"INSERT INTO {table} (tenant_id, workflow_name, {column}, slot) "  # noqa: S608
+        f"VALUES {values} ON CONFLICT (tenant_id, workflow_name, {column}, slot) DO NOTHING"
+    )
+    params: list[Any] = []
+    for slot in range(-1, count):
+        params += [tenant_id, workflow_name, key, slot]
+    with engine().cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _locking(skip: bool) -> str:
+    """The row-lock clause where writers overlap (PostgreSQL); SQLite's one writer needs none."""
+    if not overlapping_writers():
+        return ""
+    return " FOR UPDATE SKIP LOCKED" if skip else " FOR UPDATE"
+
+
+def take_limit_slot(
+    tenant_id: str, workflow_name: str, key: str, most: int, *, free_only: bool
+) -> int | None:
+    """Lock a slot below ``most`` of the key that nobody holds nor locks; its number, or None.
+
+    ``FOR UPDATE SKIP LOCKED``: a slot another transaction locks (a segment
+    running under ``holds="executing"``, or a run taking or releasing it)
+    is passed over, never waited for; the lock lasts until this transaction
+    ends, so a crashed worker's slot comes back with its rollback.
+    ``free_only`` (``holds="active"``) also passes over slots whose holder
+    is recorded. Lowest number first.
+    """
+    table, _ = _slot_table(LimitSlot)
+    free = " AND holder_run_id IS NULL" if free_only else ""
+    sql = (
+        f"SELECT slot FROM {table} WHERE tenant_id = %s AND workflow_name = %s "  # noqa: S608
+        f"AND limit_key = %s AND slot >= 0 AND slot < %s{free} ORDER BY slot LIMIT 1"
+        f"{_locking(True)}"
+    )
+    with hot_cursor() as cursor:
+        cursor.execute(sql, [tenant_id, workflow_name, key, most])
+        found = cursor.fetchone()
+    return None if found is None else int(found[0])
+
+
+def lock_limit_queue(tenant_id: str, workflow_name: str, key: str) -> None:
+    """Wait for and lock the key's queue lock (slot ``-1``) until the transaction ends.
+
+    Queuing a run and releasing a slot take it in turn: a run that found no
+    free slot looks once more under it before it queues, and a release
+    looks for queued runs under it, so no release misses a run that queued
+    meanwhile (and no run queues behind a slot freed meanwhile).
+    """
+    table, _ = _slot_table(LimitSlot)
+    sql = (
+        f"SELECT slot FROM {table} WHERE tenant_id = %s AND workflow_name = %s "  # noqa: S608
+        f"AND limit_key = %s AND slot = -1{_locking(False)}"
+    )
+    with hot_cursor() as cursor:
+        cursor.execute(sql, [tenant_id, workflow_name, key])
+        cursor.fetchall()
+
+
+def held_slot(tenant_id: str, run_id: Any) -> tuple[str, str, int] | None:
+    """(workflow, key, slot) the run holds (``holds="active"``), or None."""
+    found = (
+        LimitSlot.objects.filter(tenant_id=tenant_id, holder_run_id=run_id)
+        .values_list("workflow_name", "limit_key", "slot")
+        .first()
+    )
+    return None if found is None else (found[0], found[1], found[2])
+
+
+def limit_holders(tenant_id: str, workflow_name: str, key: str) -> int:
+    """How many runs hold a slot of the key (``holds="active"``), as committed."""
+    return LimitSlot.objects.filter(
+        tenant_id=tenant_id,
+        workflow_name=workflow_name,
+        limit_key=key,
+        slot__gte=0,
+        holder_run_id__isnull=False,
+    ).count()
+
+
+def oldest_queued(tenant_id: str, workflow_name: str, key: str) -> WorkflowRunPending | None:
+    """The key's queued run (waiting for a slot) queued first that nobody locks, locked; or None.
+
+    Through ``kw_pending_slot_queue``: one index probe however long the
+    queue. A row someone locks (a cancel, a wake) is passed over.
+    """
+    rows = WorkflowRunPending.objects.filter(
+        tenant_id=tenant_id,
+        workflow_name=workflow_name,
+        limit_key=key,
+        queued_at__isnull=False,
+        wake_at__isnull=True,
+    ).order_by("queued_at", "id")
+    if overlapping_writers():
+        rows = rows.select_for_update(skip_locked=True)
+    return rows.first()

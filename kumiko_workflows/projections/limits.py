@@ -1,0 +1,63 @@
+"""The limits projection: who holds a concurrency slot, and when each rate slot was last taken.
+
+A pure function of the run streams, like the run tables: ``workflow.slot-taken``
+of a run under ``holds="active"`` makes it the holder of its slot
+(:class:`~kumiko_workflows.models.LimitSlot`) and ``workflow.slot-released``
+frees it; ``workflow.rate-taken`` stamps its rate slot
+(:class:`~kumiko_workflows.models.RateSlot`) with the start's instant. A
+rebuild replays them into the same rows. Which run is offered a freed slot
+is a reaction, in :mod:`kumiko_workflows.engine.limits`.
+"""
+
+from __future__ import annotations
+
+from django.utils.dateparse import parse_datetime
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows.models import Event, LimitSlot, RateSlot
+from kumiko_workflows.projections.run_status import is_run_event
+
+HANDLED = frozenset({et.SLOT_TAKEN, et.SLOT_RELEASED, et.RATE_TAKEN})
+
+
+def project_limits(event: Event, replaying: bool) -> None:
+    if not is_run_event(event):
+        return
+    payload = event.payload
+    if event.type == et.SLOT_TAKEN:
+        if payload.get("holds") != "active":
+            return  # "executing": the slot is the segment's row lock, nothing to keep
+        LimitSlot.objects.bulk_create(
+            [
+                LimitSlot(
+                    tenant_id=event.tenant_id,
+                    workflow_name=payload["workflow_name"],
+                    limit_key=payload["limit_key"],
+                    slot=payload["slot"],
+                    holder_run_id=event.aggregate_id,
+                    taken_at=event.created_at,
+                )
+            ],
+            update_conflicts=True,
+            unique_fields=["tenant_id", "workflow_name", "limit_key", "slot"],
+            update_fields=["holder_run_id", "taken_at"],
+        )
+    elif event.type == et.SLOT_RELEASED:
+        LimitSlot.objects.filter(
+            tenant_id=event.tenant_id, holder_run_id=event.aggregate_id
+        ).update(holder_run_id=None, taken_at=None)
+    elif event.type == et.RATE_TAKEN:
+        RateSlot.objects.bulk_create(
+            [
+                RateSlot(
+                    tenant_id=event.tenant_id,
+                    workflow_name=payload["workflow_name"],
+                    rate_key=payload["rate_key"],
+                    slot=payload["slot"],
+                    last_start=parse_datetime(payload["at"]),
+                )
+            ],
+            update_conflicts=True,
+            unique_fields=["tenant_id", "workflow_name", "rate_key", "slot"],
+            update_fields=["last_start"],
+        )

@@ -1,0 +1,180 @@
+"""Concurrency limits (``Limit``) and rate limits (``Rate``): one worker's semantics.
+
+Which runs held a slot when is read from the run streams: a run holds one
+from its ``workflow.slot-taken`` event to its ``workflow.slot-released``
+(``holds="active"``), or to the end of the segment the slot was taken for
+(``"executing"``). The race between worker processes is in
+``tests/test_limits_race.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from kumiko_workflows import (
+    Limit,
+    Rate,
+    cancel_run,
+    define_workflow,
+    on_event,
+    resume_due_runs,
+    run_id_for,
+    steps,
+)
+from kumiko_workflows import event_types as et
+from kumiko_workflows.exceptions import WorkflowDefinitionError
+from kumiko_workflows.models import LimitSlot, RunStatus, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.operations import rebuild
+from tests.conftest import trigger, types_of
+
+pytestmark = pytest.mark.django_db
+
+
+def _start(holds: str, key: str, wait: str, count: int = 1) -> list[uuid.UUID]:
+    runs = []
+    for _ in range(count):
+        event = trigger(f"t.limit-{holds}", key=key, **{"for": wait})
+        runs.append(run_id_for(f"t-limit-{holds}", event.payload["run_key"], "default"))
+    return runs
+
+
+def status(run_id: uuid.UUID) -> WorkflowRun:
+    return WorkflowRun.objects.get(run_id=run_id)
+
+
+def test_a_limited_run_starts_in_a_worker_and_takes_a_slot(past):
+    (run,) = _start("active", "k", past)
+    assert types_of(run) == [et.RUN_STARTED, et.RUN_QUEUED]
+
+    resume_due_runs()  # to its wait
+    resume_due_runs()  # past it
+
+    assert status(run).status == RunStatus.COMPLETED
+    assert types_of(run) == [
+        et.RUN_STARTED,
+        et.RUN_QUEUED,
+        et.SLOT_TAKEN,
+        et.RESUMED,
+        et.WAITING,
+        et.RESUMED,
+        et.RUN_COMPLETED,
+        et.SLOT_RELEASED,
+    ]
+    assert not LimitSlot.objects.filter(holder_run_id__isnull=False).exists()
+
+
+def test_active_runs_over_the_cap_queue_and_start_oldest_first_as_slots_free(future, now):
+    first = _start("active", "k", future, count=2)
+    queued = _start("active", "k", future, count=2)
+    other = _start("active", "other", future)
+
+    resume_due_runs()
+
+    # Two hold the key's slots through their waits; the other key is not held up.
+    for run in first + other:
+        assert status(run).status == RunStatus.WAITING
+        assert status(run).suspension_type == "wait"
+    for run in queued:
+        assert status(run).suspension_type == "limited"
+        assert types_of(run)[-1] == et.SLOT_WAITING
+        row = WorkflowRunPending.objects.get(run_id=run)
+        assert row.wake_at is None and row.limit_key == "k"
+    assert LimitSlot.objects.filter(limit_key="k", holder_run_id__isnull=False).count() == 2
+
+    # A holder ends (cancelled here): its slot goes to the oldest queued run,
+    # which is due at once; the other still queues.
+    cancel_run(first[0], reason="test")
+    assert types_of(queued[0])[-2:] == [et.SLOT_TAKEN, et.SLOT_OFFERED]
+    assert types_of(queued[1])[-1] == et.SLOT_WAITING
+    resume_due_runs()
+    assert status(queued[0]).suspension_type == "wait"
+    assert status(queued[1]).suspension_type == "limited"
+
+    # Each completion hands its slot on, within the pass: everyone completes.
+    resume_due_runs(now=now + timedelta(days=1))
+    for run in [*first[1:], *queued, *other]:
+        assert status(run).status == RunStatus.COMPLETED, types_of(run)
+    assert not LimitSlot.objects.filter(holder_run_id__isnull=False).exists()
+
+
+def test_executing_holds_a_slot_only_while_a_segment_runs(future):
+    runs = _start("executing", "k", future, count=3)
+
+    resume_due_runs()
+
+    # One writer at a time (SQLite) or slots locked per segment (PostgreSQL):
+    # with the segments over, every run waits at its wait step, none queued.
+    for run in runs:
+        assert status(run).suspension_type == "wait"
+        assert et.SLOT_TAKEN in types_of(run)
+    assert not LimitSlot.objects.filter(holder_run_id__isnull=False).exists()
+
+
+def test_the_slot_tables_rebuild_from_the_streams(future):
+    _start("active", "k", future, count=3)
+    resume_due_runs()
+    before = sorted(
+        LimitSlot.objects.filter(holder_run_id__isnull=False).values_list(
+            "limit_key", "slot", "holder_run_id"
+        )
+    )
+    pending = sorted(WorkflowRunPending.objects.values_list("run_id", "wake_at", "queued_at"))
+
+    rebuild.rebuild()
+
+    after = sorted(
+        LimitSlot.objects.filter(holder_run_id__isnull=False).values_list(
+            "limit_key", "slot", "holder_run_id"
+        )
+    )
+    assert after == before and len(before) == 2
+    assert sorted(WorkflowRunPending.objects.values_list("run_id", "wake_at", "queued_at")) == (
+        pending
+    )
+
+
+def test_a_key_callable_that_raises_fails_the_run(past):
+    def bad_key(event):
+        raise RuntimeError("no key")
+
+    workflow = define_workflow(
+        name="t-limit-bad-key",
+        trigger=on_event("t.limit-bad-key"),
+        concurrency=Limit(max=1, key=bad_key),
+        steps=[steps.compute("one", lambda ctx: 1)],
+        register=False,
+    )
+    from kumiko_workflows.workflow.definition import registry
+
+    with registry.override(workflow):
+        trigger("t.limit-bad-key")
+        resume_due_runs()
+    run = WorkflowRun.objects.get(workflow_name="t-limit-bad-key")
+    assert run.status == RunStatus.FAILED
+    assert run.failure_reason == "limit_key_failed"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "check"),
+    [
+        ({"concurrency": Limit(max=0)}, "E111"),
+        ({"concurrency": Limit(max=2, holds="always")}, "E111"),
+        ({"concurrency": 2}, "E111"),
+        ({"concurrency": Limit(max=2, key="customer")}, "E112"),
+        ({"rate": Rate(max=0, per=1)}, "E113"),
+        ({"rate": Rate(max=1, per=-1)}, "E113"),
+        ({"rate": Rate(max=1, per=1, key=3)}, "E114"),
+    ],
+)
+def test_bad_limits_are_refused_at_definition_with_their_check_id(kwargs, check):
+    with pytest.raises(WorkflowDefinitionError, match=rf"\[kumiko_workflows\.{check}\]"):
+        define_workflow(
+            name="t-bad-limit",
+            trigger=on_event("t.bad-limit"),
+            steps=[steps.compute("one", lambda ctx: 1)],
+            register=False,
+            **kwargs,
+        )
