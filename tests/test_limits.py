@@ -26,7 +26,7 @@ from kumiko_workflows import (
 )
 from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import WorkflowDefinitionError
-from kumiko_workflows.models import LimitSlot, RunStatus, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.models import Event, LimitSlot, RunStatus, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations import rebuild
 from tests.conftest import trigger, types_of
 
@@ -178,3 +178,23 @@ def test_bad_limits_are_refused_at_definition_with_their_check_id(kwargs, check)
             register=False,
             **kwargs,
         )
+
+
+def test_the_count_from_the_streams_sees_a_third_holder():
+    """The check itself can fail: three overlapping holders of a key are seen as three."""
+
+    def event(run, type, **payload):
+        return Event(tenant_id="default", aggregate_id=run, type=type, payload=payload)
+
+    taken = {"limit_key": "k"}
+    events = [
+        event("a", et.SLOT_TAKEN, slot=0, **taken),
+        event("b", et.SLOT_TAKEN, slot=1, **taken),
+        event("c", et.SLOT_TAKEN, slot=1, **taken),
+        event("a", et.SLOT_RELEASED),
+    ]
+    from tests.test_limits_race import most_holders
+
+    most, problems = most_holders(events, "active")
+    assert most == {"k": 3}
+    assert problems == ["slot 1 of 'k' taken by c while held"]

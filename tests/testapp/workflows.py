@@ -391,7 +391,17 @@ def limit_key(event):
 
 
 def hold_a_little(ctx):
-    """Run for the payload's ``hold`` seconds: segments of one key overlap unless limited."""
+    """Run for the payload's ``hold`` seconds: segments of one key overlap unless limited.
+
+    With ``block_dir``, the first segment writes its process id to a file
+    there and holds until the test creates ``release`` (to be killed mid-run).
+    """
+    folder = ctx.event.payload.get("block_dir")
+    if folder and "first" not in ctx.steps:
+        (Path(folder) / f"running-{os.getpid()}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
     time.sleep(float(ctx.event.payload.get("hold", 0)))
     return ctx.retry_attempt
 
