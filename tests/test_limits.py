@@ -13,6 +13,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from kumiko_workflows import (
     Limit,
@@ -123,6 +124,8 @@ def test_the_slot_tables_rebuild_from_the_streams(future):
     )
     pending = sorted(WorkflowRunPending.objects.values_list("run_id", "wake_at", "queued_at"))
 
+    assert rebuild.check().differences == []
+    LimitSlot.objects.update(holder_run_id=None)  # lost: the streams give them back
     rebuild.rebuild()
 
     after = sorted(
@@ -198,3 +201,67 @@ def test_the_count_from_the_streams_sees_a_third_holder():
     most, problems = most_holders(events, "active")
     assert most == {"k": 3}
     assert problems == ["slot 1 of 'k' taken by c while held"]
+
+
+# --- rate limits ------------------------------------------------------------------
+
+
+def _rate_runs(count: int, key: str = "p") -> list[uuid.UUID]:
+    runs = []
+    for _ in range(count):
+        event = trigger("t.rate", key=key, **{"for": "PT0S"})
+        runs.append(run_id_for("t-rate", event.payload["run_key"], "default"))
+    return runs
+
+
+def starts(runs) -> list:
+    """The instants of the runs' segment starts, from their ``workflow.rate-taken`` events."""
+    from django.utils.dateparse import parse_datetime
+
+    events = Event.objects.filter(aggregate_id__in=runs, type=et.RATE_TAKEN)
+    return sorted(parse_datetime(e.payload["at"]) for e in events)
+
+
+def test_a_rate_limit_lets_max_starts_a_period_and_the_rest_wait_in_order():
+    runs = _rate_runs(5)
+    other = _rate_runs(1, key="q")
+    now = timezone.now()
+
+    resume_due_runs(now=now)
+
+    # Rate(max=3, per=1): three first segments start; their second segments
+    # (due at once) and the two others wait, each behind the one told
+    # before, a third of the period apart; another key has its own budget.
+    assert len(starts(runs)) == 3
+    assert len(starts(other)) == 2  # both its segments
+    told = Event.objects.filter(aggregate_id__in=runs, type=et.RATE_WAITING).order_by("id")
+    wakes = [status(event.aggregate_id).wake_at for event in told]
+    assert len(wakes) == 5 and wakes == sorted(wakes) and len(set(wakes)) == 5
+    assert now + timedelta(seconds=1) == wakes[0]
+    assert wakes[-1] <= now + timedelta(seconds=3)
+    assert all(status(run).suspension_type == "rate" for run in runs)
+
+    # A pass at each instant: never more than three starts in any second.
+    for tick in range(1, 12):
+        resume_due_runs(now=now + timedelta(seconds=tick / 3))
+    for run in [*runs, *other]:
+        assert status(run).status == RunStatus.COMPLETED, types_of(run)
+    instants = starts(runs)
+    assert len(instants) == 10  # two segments each
+    for i, first in enumerate(instants):
+        assert sum(first <= t < first + timedelta(seconds=1) for t in instants[i:]) <= 3
+
+
+def test_rate_slots_rebuild_from_the_streams():
+    from kumiko_workflows.models import RateSlot
+
+    _rate_runs(5)
+    resume_due_runs(now=timezone.now())
+    before = sorted(RateSlot.objects.values_list("rate_key", "slot", "last_start"))
+
+    assert rebuild.check().differences == []
+    RateSlot.objects.update(last_start=None)  # lost: the streams give them back
+    result = rebuild.rebuild()
+
+    assert sorted(RateSlot.objects.values_list("rate_key", "slot", "last_start")) == before
+    assert len(result.differences) == 4  # the three starts and the queue's tail, restored

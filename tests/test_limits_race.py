@@ -121,3 +121,57 @@ def test_no_key_ever_has_more_than_max_holders_under_racing_killed_workers(
     assert queued > 0
     assert sum(event.type == et.SLOT_OFFERED for event in events) > 0
     print(f"holds={holds}: {queued} times a run queued for a slot; most holders {most}")
+
+
+def crowded_windows(instants: list, most: int, per: float) -> list:
+    """Starts that begin a window of ``per`` seconds holding more than ``most`` starts."""
+    from datetime import timedelta
+
+    ordered = sorted(instants)
+    period = timedelta(seconds=per)
+    return [
+        first
+        for i, first in enumerate(ordered)
+        if sum(1 for t in ordered[i:] if t < first + period) > most
+    ]
+
+
+def test_no_window_of_the_period_holds_more_starts_than_the_budget_with_three_workers(
+    tmp_path: Path,
+):
+    from django.utils.dateparse import parse_datetime
+
+    from tests.faults_support import Worker as WorkerProcess
+    from tests.faults_support import wait_for
+
+    count = 30
+    runs = []
+    for _ in range(count):
+        event = trigger("t.rate", key="partner", hold="0.01", **{"for": "PT0S"})
+        runs.append(run_id_for("t-rate", event.payload["run_key"], "default"))
+    workers = [
+        WorkerProcess(tmp_path, "--loop", "--no-cron", "--interval", "1", name=f"rate-w{i}")
+        for i in range(3)
+    ]
+    try:
+        wait_for(
+            lambda: (
+                WorkflowRun.objects.filter(run_id__in=runs, status=RunStatus.COMPLETED).count()
+                == count
+            ),
+            f"{count} rate-limited runs to complete",
+            timeout=300,
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+
+    taken = Event.objects.filter(aggregate_id__in=runs, type=et.RATE_TAKEN)
+    instants = [parse_datetime(event.payload["at"]) for event in taken]
+    assert len(instants) == 2 * count  # each run's two segments, each started once
+    # Rate(max=3, per=1): no second of starts holds more than three, and the
+    # budget was used (some second holds three).
+    assert crowded_windows(instants, 3, 1.0) == []
+    assert crowded_windows(instants, 2, 1.0) != []
+    resumed = Event.objects.filter(aggregate_id__in=runs, type=et.RESUMED).count()
+    assert resumed == 2 * count

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from kumiko_workflows import event_types as et
-from kumiko_workflows.models import Event, LimitSlot, WorkflowRunPending
+from kumiko_workflows.models import Event, LimitSlot, RateSlot, WorkflowRunPending
 from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import RunStream
-from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow import clock, suspensions
 from kumiko_workflows.workflow.definition import Workflow, registry
-from kumiko_workflows.workflow.limits import Limit, UnusableKey, key_of
+from kumiko_workflows.workflow.limits import Limit, Rate, UnusableKey, key_of
 
 logger = logging.getLogger("kumiko_workflows.limits")
 
@@ -58,14 +59,25 @@ ADMITTED = Admission(True)
 
 
 def admit(
+    workflow: Workflow, row: WorkflowRunPending, stream: RunStream, trigger: Event, now: datetime
+) -> Admission:
+    """Admit the segment that resumes ``row`` under the workflow's limits, or make the run wait.
+
+    Runs in the claim's transaction, before the segment's opening event:
+    the concurrency limit first (a run queued for a slot spends no rate
+    budget), then the rate limit. Raises :class:`UnusableKey` when a
+    limit's key callable cannot key the run (the caller fails it).
+    """
+    admission = _admit_concurrency(workflow, row, stream, trigger)
+    if admission.admitted and workflow.rate is not None:
+        if not _admit_rate(workflow, workflow.rate, row, stream, trigger, now):
+            return Admission(False, admission.executing, admission.key)
+    return admission
+
+
+def _admit_concurrency(
     workflow: Workflow, row: WorkflowRunPending, stream: RunStream, trigger: Event
 ) -> Admission:
-    """Admit the segment that resumes ``row`` under the workflow's limit, or queue the run.
-
-    Runs in the claim's transaction, before the segment's opening event.
-    Raises :class:`UnusableKey` when the limit's key callable cannot key
-    the run (the caller fails it).
-    """
     limit = workflow.concurrency
     if limit is None:
         return ADMITTED
@@ -95,6 +107,93 @@ def admit(
     return Admission(True, None if active else limit, key)
 
 
+def rate_clock(now: datetime) -> datetime:
+    """The instant a rate limit counts a start at: one clock for every worker.
+
+    The database's where writers on several hosts overlap (PostgreSQL),
+    unless a test set a virtual clock; the pass's ``now`` on SQLite, whose
+    writers share one host (and whose tests pass ``now=``).
+    """
+    if clock.is_virtual() or not db.overlapping_writers():
+        return now
+    return db.database_now()
+
+
+def _admit_rate(
+    workflow: Workflow,
+    rate: Rate,
+    row: WorkflowRunPending,
+    stream: RunStream,
+    trigger: Event,
+    now: datetime,
+) -> bool:
+    """Take one of the key's starts of the period (``workflow.rate-taken``), or make the run wait.
+
+    A start takes a rate slot (one of ``max`` rows of the key) whose last
+    start is at least ``per`` ago, under the slot's row lock, and stamps it
+    with its own instant: each slot's starts are ``per`` apart, so no
+    window of ``per`` seconds holds more than ``max`` starts, whatever the
+    workers. With none free, the run waits (``workflow.rate-waiting``)
+    until the budget allows, behind the runs already told to wait.
+    """
+    key = key_of(rate.key, trigger)
+    at = rate_clock(now)
+    period = timedelta(seconds=rate.seconds)
+    free = db.free_rate_slots(row.tenant_id, workflow.name, key, rate.max)
+    if _spent(free, at, period) and len(free) < rate.max:
+        # The key's rows may not exist yet (its first start, or a raised max).
+        db.ensure_slots(RateSlot, row.tenant_id, workflow.name, key, rate.max)
+        free = db.free_rate_slots(row.tenant_id, workflow.name, key, rate.max)
+    if not _spent(free, at, period):
+        slot, _ = free[0]
+        stream.append(
+            et.RATE_TAKEN,
+            {
+                "workflow_name": workflow.name,
+                "rate_key": key,
+                "slot": slot,
+                "at": at.isoformat(),
+                "step": row.step,
+            },
+        )
+        return True
+    # Slots others lock were taken just now: free a period from now at the latest.
+    allowed = min([at + period, *(last + period for _, last in free if last is not None)])
+    tail = db.rate_tail(row.tenant_id, workflow.name, key)
+    if tail is not None and tail >= allowed - period:
+        # Behind the runs told to wait already, each a share of the period later.
+        allowed = max(allowed, tail + period / rate.max)
+    stream.append(
+        et.RATE_WAITING,
+        {
+            **_kept(row),
+            "rate_key": key,
+            "max": rate.max,
+            "per": rate.seconds,
+            "wake_at": allowed.isoformat(),
+        },
+    )
+    return False
+
+
+def _kept(row: WorkflowRunPending) -> dict[str, Any]:
+    """A waiting event's columns that keep the suspension ``row`` was claimed from."""
+    return {
+        "step": row.step,
+        "workflow_name": row.workflow_name,
+        "workflow_version": row.workflow_version,
+        "definition_fingerprint": row.definition_fingerprint,
+        "trigger_event_id": row.trigger_event_id,
+        "state": row.state or {},
+        "suspension": suspensions.standing(row),
+    }
+
+
+def _spent(free: list[tuple[int, datetime | None]], at: datetime, period: timedelta) -> bool:
+    """Whether no slot of ``free`` (least recently taken first) allows a start at ``at``."""
+    return not free or (free[0][1] is not None and free[0][1] > at - period)
+
+
 def _queue(
     workflow: Workflow, row: WorkflowRunPending, stream: RunStream, key: str, limit: Limit
 ) -> None:
@@ -108,13 +207,7 @@ def _queue(
     stream.append(
         et.SLOT_WAITING,
         {
-            "step": row.step,
-            "workflow_name": row.workflow_name,
-            "workflow_version": row.workflow_version,
-            "definition_fingerprint": row.definition_fingerprint,
-            "trigger_event_id": row.trigger_event_id,
-            "state": row.state or {},
-            "suspension": suspensions.standing(row),
+            **_kept(row),
             "limit_key": key,
             "holds": limit.holds,
             "max": limit.max,

@@ -237,7 +237,7 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
     admission = limits.ADMITTED
     if workflow.limited:
         try:
-            admission = limits.admit(workflow, row, stream, trigger)
+            admission = limits.admit(workflow, row, stream, trigger, now)
         except limits.UnusableKey as exc:
             fail_opened(
                 stream,
@@ -249,7 +249,10 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
             )
             return "failed", True
         if not admission.admitted:
-            return "suspended", False  # queued for a slot of its key
+            # Queued for a slot, or waits for its rate (an "executing" slot
+            # it took frees with this transaction: offered on).
+            limits.after_segment(row.tenant_id, workflow.name, admission)
+            return "suspended", False
 
     steps = dict(state.get("results") or {})
     for key, event_id in awaited.items():

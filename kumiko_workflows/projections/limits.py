@@ -4,20 +4,22 @@ A pure function of the run streams, like the run tables: ``workflow.slot-taken``
 of a run under ``holds="active"`` makes it the holder of its slot
 (:class:`~kumiko_workflows.models.LimitSlot`) and ``workflow.slot-released``
 frees it; ``workflow.rate-taken`` stamps its rate slot
-(:class:`~kumiko_workflows.models.RateSlot`) with the start's instant. A
+(:class:`~kumiko_workflows.models.RateSlot`) with the start's instant, and
+``workflow.rate-waiting`` moves the key's queue tail (slot ``-1``). A
 rebuild replays them into the same rows. Which run is offered a freed slot
 is a reaction, in :mod:`kumiko_workflows.engine.limits`.
 """
 
 from __future__ import annotations
 
+from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, LimitSlot, RateSlot
 from kumiko_workflows.projections.run_status import is_run_event
 
-HANDLED = frozenset({et.SLOT_TAKEN, et.SLOT_RELEASED, et.RATE_TAKEN})
+HANDLED = frozenset({et.SLOT_TAKEN, et.SLOT_RELEASED, et.RATE_TAKEN, et.RATE_WAITING})
 
 
 def project_limits(event: Event, replaying: bool) -> None:
@@ -61,3 +63,20 @@ def project_limits(event: Event, replaying: bool) -> None:
             unique_fields=["tenant_id", "workflow_name", "rate_key", "slot"],
             update_fields=["last_start"],
         )
+    elif event.type == et.RATE_WAITING:
+        # The queue's tail (slot -1): the latest instant a run of the key was
+        # told to wait until, so the next one waits behind it.
+        wake_at = parse_datetime(payload["wake_at"])
+        tail = {
+            "tenant_id": event.tenant_id,
+            "workflow_name": payload["workflow_name"],
+            "rate_key": payload["rate_key"],
+            "slot": -1,
+        }
+        moved = (
+            RateSlot.objects.filter(**tail)
+            .filter(Q(last_start__isnull=True) | Q(last_start__lt=wake_at))
+            .update(last_start=wake_at)
+        )
+        if not moved and not RateSlot.objects.filter(**tail).exists():
+            RateSlot.objects.create(**tail, last_start=wake_at)

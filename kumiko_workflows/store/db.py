@@ -24,6 +24,7 @@ from django.core.signals import setting_changed
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
+from django.db.models import F
 from django.dispatch import receiver
 
 from kumiko_workflows.conf import workflow_settings
@@ -33,6 +34,7 @@ from kumiko_workflows.models import (
     Event,
     LimitSlot,
     PurgedRun,
+    RateSlot,
     SignalDelivery,
     WorkflowRun,
     WorkflowRunPending,
@@ -1105,3 +1107,31 @@ def oldest_queued(tenant_id: str, workflow_name: str, key: str) -> WorkflowRunPe
     if overlapping_writers():
         rows = rows.select_for_update(skip_locked=True)
     return rows.first()
+
+
+def free_rate_slots(
+    tenant_id: str, workflow_name: str, key: str, most: int
+) -> list[tuple[int, datetime | None]]:
+    """The key's rate slots below ``most`` that nobody locks, locked, least recently taken first.
+
+    ``FOR UPDATE SKIP LOCKED``: a slot a running segment's transaction took
+    is passed over (it was taken just now); the caller takes the first if
+    its last start is a period old, else reads when the budget allows.
+    """
+    rows = RateSlot.objects.filter(
+        tenant_id=tenant_id, workflow_name=workflow_name, rate_key=key, slot__gte=0, slot__lt=most
+    ).order_by(F("last_start").asc(nulls_first=True), "slot")
+    if overlapping_writers():
+        rows = rows.select_for_update(skip_locked=True)
+    return [(slot, last) for slot, last in rows.values_list("slot", "last_start")]
+
+
+def rate_tail(tenant_id: str, workflow_name: str, key: str) -> datetime | None:
+    """The latest instant a run of the key was told to wait until for its rate (slot ``-1``)."""
+    return (
+        RateSlot.objects.filter(
+            tenant_id=tenant_id, workflow_name=workflow_name, rate_key=key, slot=-1
+        )
+        .values_list("last_start", flat=True)
+        .first()
+    )
