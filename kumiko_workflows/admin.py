@@ -401,7 +401,14 @@ class WorkflowRunAdmin(WorkflowAdmin):
         "search",
         "updated",
     )
-    list_filter = ("status", FailureReasonFilter, "workflow_name", "workflow_version", "tenant_id")
+    list_filter = (
+        "status",
+        FailureReasonFilter,
+        "suspension_type",  # "queued for a concurrency slot", "waiting for its rate limit", ...
+        "workflow_name",
+        "workflow_version",
+        "tenant_id",
+    )
     search_fields = ("search_key",)
     search_help_text = (
         "A run id (whole, or its first 8 characters), or a search key, exactly: the "
@@ -970,6 +977,9 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     @admin.display(description="due")
     def due(self, row: WorkflowRunPending) -> str:
         """Due or not yet, and for how long or until when (words, not a red cross)."""
+        if row.wake_at is None and row.queued_at is not None:
+            key = f" of key {row.limit_key!r}" if row.limit_key else ""
+            return f"queued for a concurrency slot{key}"
         if row.wake_at is None:
             return "on the event (no deadline)"
         delta = clock.now() - row.wake_at
@@ -980,7 +990,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     @admin.display(description="late by")
     def lateness(self, row: WorkflowRunPending) -> str:
         if row.wake_at is None:
-            return "— (no deadline)"
+            return "— (queued for a slot)" if row.queued_at is not None else "— (no deadline)"
         delta = clock.now() - row.wake_at
         if delta.total_seconds() >= 0:
             return humanize(delta)

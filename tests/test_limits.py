@@ -265,3 +265,56 @@ def test_rate_slots_rebuild_from_the_streams():
 
     assert sorted(RateSlot.objects.values_list("rate_key", "slot", "last_start")) == before
     assert len(result.differences) == 4  # the three starts and the queue's tail, restored
+
+
+# --- seen by people ---------------------------------------------------------------
+
+
+def test_status_explain_and_admin_say_why_a_run_waits_for_a_limit(future, admin_client):
+    import json
+
+    from django.core.management import call_command
+
+    from kumiko_workflows.operations.explain import explain
+
+    _start("active", "acme", future, count=2)
+    queued = _start("active", "acme", future, count=1)
+    _rate_runs(4)
+    resume_due_runs(now=timezone.now())
+
+    why = explain(status(queued[0]), timezone.now())
+    assert why.headline.startswith("Queued behind 2 active run(s) of key 'acme'")
+    waiting = next(
+        run.run_id
+        for run in WorkflowRun.objects.filter(workflow_name="t-rate", suspension_type="rate")
+    )
+    assert explain(status(waiting), timezone.now()).headline.startswith("Rate limit: next slot in")
+
+    from io import StringIO
+
+    out = StringIO()
+    call_command("workflow_status", "--json", stdout=out)
+    flow = json.loads(out.getvalue())["flow_control"]
+    assert flow["queued"] == [
+        {
+            "tenant_id": "default",
+            "workflow_name": "t-limit-active",
+            "key": "acme",
+            "queued": 1,
+            "oldest_queued_at": flow["queued"][0]["oldest_queued_at"],
+            "why": "queued behind 2 active run(s) of key 'acme' "
+            "(concurrency limit 2, held from start to end)",
+        }
+    ]
+    assert flow["rate"][0]["workflow_name"] == "t-rate"
+    assert flow["rate"][0]["why"].startswith("rate limit: next slot in")
+    out = StringIO()
+    call_command("workflow_status", stdout=out)
+    assert "t-limit-active key 'acme' (tenant default): 1 queued, queued behind 2 active" in (
+        out.getvalue()
+    )
+
+    page = admin_client.get(f"/admin/kumiko_workflows/workflowrun/{queued[0]}/change/")
+    assert b"Queued behind 2 active run(s) of key" in page.content
+    listing = admin_client.get("/admin/kumiko_workflows/workflowrun/?suspension_type=limited")
+    assert str(queued[0])[:8].encode() in listing.content

@@ -24,7 +24,7 @@ from django.core.signals import setting_changed
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
-from django.db.models import F
+from django.db.models import Count, F
 from django.dispatch import receiver
 
 from kumiko_workflows.conf import workflow_settings
@@ -1135,3 +1135,18 @@ def rate_tail(tenant_id: str, workflow_name: str, key: str) -> datetime | None:
         .values_list("last_start", flat=True)
         .first()
     )
+
+
+def held_back_by_tenant() -> list[tuple[str, str, int]]:
+    """(tenant, suspension type, count) of runs a limit holds back: queued for a slot, or rate.
+
+    What the queued-runs gauge reports (:mod:`kumiko_workflows.telemetry`).
+    """
+    rows = (
+        WorkflowRun.objects.filter(status="waiting", suspension_type__in=["limited", "rate"])
+        .order_by()
+        .values_list("tenant_id", "suspension_type")
+        .annotate(n=Count("run_id"))
+        .order_by("tenant_id", "suspension_type")
+    )
+    return [(tenant, kind, int(n)) for tenant, kind, n in rows]
