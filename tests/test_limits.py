@@ -222,12 +222,30 @@ def starts(runs) -> list:
     return sorted(parse_datetime(e.payload["at"]) for e in events)
 
 
-def test_a_rate_limit_lets_max_starts_a_period_and_the_rest_wait_in_order():
+@pytest.fixture
+def virtual_now():
+    """A virtual clock (the rate limit counts on it, on PostgreSQL too), moved with ``at``."""
+    from kumiko_workflows.workflow import clock
+
+    start = timezone.now()
+    previous = clock.set_virtual(start)
+    yield start
+    clock.set_virtual(previous)
+
+
+def at(instant):
+    from kumiko_workflows.workflow import clock
+
+    clock.set_virtual(instant)
+    return resume_due_runs(now=instant)
+
+
+def test_a_rate_limit_lets_max_starts_a_period_and_the_rest_wait_in_order(virtual_now):
     runs = _rate_runs(5)
     other = _rate_runs(1, key="q")
-    now = timezone.now()
+    now = virtual_now
 
-    resume_due_runs(now=now)
+    at(now)
 
     # Rate(max=3, per=1): three first segments start; their second segments
     # (due at once) and the two others wait, each behind the one told
@@ -243,7 +261,7 @@ def test_a_rate_limit_lets_max_starts_a_period_and_the_rest_wait_in_order():
 
     # A pass at each instant: never more than three starts in any second.
     for tick in range(1, 12):
-        resume_due_runs(now=now + timedelta(seconds=tick / 3))
+        at(now + timedelta(seconds=tick / 3))
     for run in [*runs, *other]:
         assert status(run).status == RunStatus.COMPLETED, types_of(run)
     instants = starts(runs)
@@ -252,11 +270,11 @@ def test_a_rate_limit_lets_max_starts_a_period_and_the_rest_wait_in_order():
         assert sum(first <= t < first + timedelta(seconds=1) for t in instants[i:]) <= 3
 
 
-def test_rate_slots_rebuild_from_the_streams():
+def test_rate_slots_rebuild_from_the_streams(virtual_now):
     from kumiko_workflows.models import RateSlot
 
     _rate_runs(5)
-    resume_due_runs(now=timezone.now())
+    at(virtual_now)
     before = sorted(RateSlot.objects.values_list("rate_key", "slot", "last_start"))
 
     assert rebuild.check().differences == []
