@@ -336,3 +336,20 @@ def test_status_explain_and_admin_say_why_a_run_waits_for_a_limit(future, admin_
     assert b"Queued behind 2 active run(s) of key" in page.content
     listing = admin_client.get("/admin/kumiko_workflows/workflowrun/?suspension_type=limited")
     assert str(queued[0])[:8].encode() in listing.content
+
+
+def test_manage_check_reports_a_bad_limit_with_its_id():
+    from kumiko_workflows.checks import check_workflows
+    from kumiko_workflows.workflow.definition import Workflow
+
+    bad = Workflow(
+        "t-bad-limit-check",
+        on_event("t.bad-limit-check"),
+        [steps.compute("one", lambda ctx: 1)],
+        concurrency=Limit(max=2, key="customer"),
+        rate=Rate(max=3, per=0),
+    )
+    found = {message.id: message for message in check_workflows(workflows=[bad])}
+    assert {"kumiko_workflows.E112", "kumiko_workflows.E113"} <= set(found)
+    assert "concurrency key must be a callable" in found["kumiko_workflows.E112"].msg
+    assert found["kumiko_workflows.E113"].hint
