@@ -353,3 +353,30 @@ def test_manage_check_reports_a_bad_limit_with_its_id():
     assert {"kumiko_workflows.E112", "kumiko_workflows.E113"} <= set(found)
     assert "concurrency key must be a callable" in found["kumiko_workflows.E112"].msg
     assert found["kumiko_workflows.E113"].hint
+
+
+def test_a_holder_whose_release_was_missed_is_freed_when_a_run_needs_its_slot(future, now):
+    """A run ended while its workflow declared no limit (an edit): its slot is freed, recorded."""
+    from kumiko_workflows.workflow.definition import registry
+
+    holders = _start("active", "k", future, count=2)
+    resume_due_runs()
+    limited = registry.get("t-limit-active")
+    unlimited = define_workflow(
+        name="t-limit-active",
+        trigger=on_event("t.limit-active"),
+        idempotency_key=limited.idempotency_key,
+        steps=limited.steps,
+        register=False,
+    )
+    with registry.override(unlimited):
+        resume_due_runs(now=now + timedelta(days=1))  # the holders complete, unreleased
+    assert all(status(run).status == RunStatus.COMPLETED for run in holders)
+    assert LimitSlot.objects.filter(holder_run_id__isnull=False).count() == 2
+
+    (late,) = _start("active", "k", future)
+    resume_due_runs()
+
+    assert status(late).suspension_type == "wait"  # took a freed slot, not queued
+    assert types_of(holders[0])[-1] == et.SLOT_RELEASED
+    assert rebuild.check().differences == []

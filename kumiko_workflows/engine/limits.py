@@ -91,6 +91,8 @@ def _admit_concurrency(
         db.ensure_slots(LimitSlot, row.tenant_id, workflow.name, key, limit.max)
         db.lock_limit_queue(row.tenant_id, workflow.name, key)
         slot = db.take_limit_slot(row.tenant_id, workflow.name, key, limit.max, free_only=active)
+        if slot is None and active and _release_settled(row.tenant_id, workflow.name, key):
+            slot = db.take_limit_slot(row.tenant_id, workflow.name, key, limit.max, free_only=True)
     if slot is None:
         _queue(workflow, row, stream, key, limit)
         return Admission(False)
@@ -223,6 +225,32 @@ def _queue(
         holders,
         limit.max,
     )
+
+
+def _release_settled(tenant_id: str, workflow_name: str, key: str) -> bool:
+    """Free the slots of holders that have ended (``workflow.slot-released``); whether any."""
+    ended = db.settled_holders(tenant_id, workflow_name, key)
+    for run in ended:
+        held = db.held_slot(tenant_id, run.run_id)
+        stream = RunStream(
+            run.run_id, tenant_id, workflow_name, run.version, run.definition_fingerprint, None
+        )
+        stream.append(
+            et.SLOT_RELEASED,
+            {
+                "workflow_name": workflow_name,
+                "limit_key": key,
+                "slot": held[2] if held else None,
+                "late": True,
+            },
+        )
+        logger.warning(
+            "workflow=%s run=%s key=%r ended holding a slot; released now",
+            workflow_name,
+            run.run_id,
+            key,
+        )
+    return bool(ended)
 
 
 def after_segment(tenant_id: str, workflow_name: str, admission: Admission) -> None:

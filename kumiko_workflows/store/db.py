@@ -1091,6 +1091,28 @@ def limit_holders(tenant_id: str, workflow_name: str, key: str) -> int:
     ).count()
 
 
+def settled_holders(tenant_id: str, workflow_name: str, key: str) -> list[WorkflowRun]:
+    """Runs recorded as holding a slot of the key that have ended (their release was missed).
+
+    Only a definition edited to drop its limit while runs held slots leaves
+    such holders (the release follows a run's end where the limit is
+    declared); the slow path of a claim that found no slot frees them.
+    """
+    held = LimitSlot.objects.filter(
+        tenant_id=tenant_id,
+        workflow_name=workflow_name,
+        limit_key=key,
+        holder_run_id__isnull=False,
+    ).values("holder_run_id")
+    return list(
+        WorkflowRun.objects.filter(
+            tenant_id=tenant_id,
+            run_id__in=held,
+            status__in=["completed", "failed", "cancelled"],
+        )
+    )
+
+
 def oldest_queued(tenant_id: str, workflow_name: str, key: str) -> WorkflowRunPending | None:
     """The key's queued run (waiting for a slot) queued first that nobody locks, locked; or None.
 
