@@ -993,12 +993,6 @@ def register_definitions(rows: Sequence[tuple[str, str, int, dict[str, str]]], b
 # --- concurrency and rate limits (engine/limits) --------------------------------
 
 
-def _slot_table(model: type[Any]) -> tuple[str, str]:
-    """The quoted table of a limit's slots and its key column."""
-    key = "limit_key" if model is LimitSlot else "rate_key"
-    return engine().ops.quote_name(model._meta.db_table), key
-
-
 def ensure_slots(
     model: type[Any], tenant_id: str, workflow_name: str, key: str, count: int
 ) -> None:
@@ -1007,7 +1001,8 @@ def ensure_slots(
     ``ON CONFLICT DO NOTHING``: rows already there (committed) are left as
     they are, without waiting for anyone's lock on them.
     """
-    table, column = _slot_table(model)
+    table = engine().ops.quote_name(model._meta.db_table)
+    column = "limit_key" if model is LimitSlot else "rate_key"
     values = ", ".join(["(%s, %s, %s, %s)"] * (count + 1))
     sql = (
         f"INSERT INTO {table} (tenant_id, workflow_name, {column}, slot) "  # noqa: S608
@@ -1018,13 +1013,6 @@ def ensure_slots(
         params += [tenant_id, workflow_name, key, slot]
     with engine().cursor() as cursor:
         cursor.execute(sql, params)
-
-
-def _locking(skip: bool) -> str:
-    """The row-lock clause where writers overlap (PostgreSQL); SQLite's one writer needs none."""
-    if not overlapping_writers():
-        return ""
-    return " FOR UPDATE SKIP LOCKED" if skip else " FOR UPDATE"
 
 
 def take_limit_slot(
@@ -1039,12 +1027,13 @@ def take_limit_slot(
     ``free_only`` (``holds="active"``) also passes over slots whose holder
     is recorded. Lowest number first.
     """
-    table, _ = _slot_table(LimitSlot)
+    table = engine().ops.quote_name(LimitSlot._meta.db_table)
     free = " AND holder_run_id IS NULL" if free_only else ""
+    # SQLite's one writer at a time needs no row lock.
+    lock = " FOR UPDATE SKIP LOCKED" if overlapping_writers() else ""
     sql = (
         f"SELECT slot FROM {table} WHERE tenant_id = %s AND workflow_name = %s "  # noqa: S608
-        f"AND limit_key = %s AND slot >= 0 AND slot < %s{free} ORDER BY slot LIMIT 1"
-        f"{_locking(True)}"
+        f"AND limit_key = %s AND slot >= 0 AND slot < %s{free} ORDER BY slot LIMIT 1{lock}"
     )
     with hot_cursor() as cursor:
         cursor.execute(sql, [tenant_id, workflow_name, key, most])
@@ -1060,10 +1049,11 @@ def lock_limit_queue(tenant_id: str, workflow_name: str, key: str) -> None:
     looks for queued runs under it, so no release misses a run that queued
     meanwhile (and no run queues behind a slot freed meanwhile).
     """
-    table, _ = _slot_table(LimitSlot)
+    table = engine().ops.quote_name(LimitSlot._meta.db_table)
+    lock = " FOR UPDATE" if overlapping_writers() else ""
     sql = (
         f"SELECT slot FROM {table} WHERE tenant_id = %s AND workflow_name = %s "  # noqa: S608
-        f"AND limit_key = %s AND slot = -1{_locking(False)}"
+        f"AND limit_key = %s AND slot = -1{lock}"
     )
     with hot_cursor() as cursor:
         cursor.execute(sql, [tenant_id, workflow_name, key])
