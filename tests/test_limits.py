@@ -164,6 +164,7 @@ def test_a_key_callable_that_raises_fails_the_run(past):
     ("kwargs", "check"),
     [
         ({"concurrency": Limit(max=0)}, "E111"),
+        ({"concurrency": Limit(max=10_001)}, "E111"),
         ({"concurrency": Limit(max=2, holds="always")}, "E111"),
         ({"concurrency": 2}, "E111"),
         ({"concurrency": Limit(max=2, key="customer")}, "E112"),

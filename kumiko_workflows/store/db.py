@@ -999,20 +999,30 @@ def ensure_slots(
     """Make the slot rows ``-1`` (the queue lock) to ``count - 1`` of one key, where missing.
 
     ``ON CONFLICT DO NOTHING``: rows already there (committed) are left as
-    they are, without waiting for anyone's lock on them.
+    they are, without waiting for anyone's lock on them. Nothing is written
+    when the key has them all (one index range counted).
     """
-    table = engine().ops.quote_name(model._meta.db_table)
     column = "limit_key" if model is LimitSlot else "rate_key"
-    values = ", ".join(["(%s, %s, %s, %s)"] * (count + 1))
-    sql = (
-        f"INSERT INTO {table} (tenant_id, workflow_name, {column}, slot) "  # noqa: S608
-        f"VALUES {values} ON CONFLICT (tenant_id, workflow_name, {column}, slot) DO NOTHING"
-    )
-    params: list[Any] = []
-    for slot in range(-1, count):
-        params += [tenant_id, workflow_name, key, slot]
+    have = model.objects.filter(
+        tenant_id=tenant_id, workflow_name=workflow_name, **{column: key}, slot__lt=count
+    ).count()
+    if have >= count + 1:
+        return
+    table = engine().ops.quote_name(model._meta.db_table)
+    slots = list(range(-1, count))
     with engine().cursor() as cursor:
-        cursor.execute(sql, params)
+        for start in range(0, len(slots), 500):  # within every database's parameter limit
+            chunk = slots[start : start + 500]
+            values = ", ".join(["(%s, %s, %s, %s)"] * len(chunk))
+            sql = (
+                f"INSERT INTO {table} (tenant_id, workflow_name, {column}, slot) "  # noqa: S608
+                f"VALUES {values} ON CONFLICT (tenant_id, workflow_name, {column}, slot) "
+                "DO NOTHING"
+            )
+            params: list[Any] = []
+            for slot in chunk:
+                params += [tenant_id, workflow_name, key, slot]
+            cursor.execute(sql, params)
 
 
 def take_limit_slot(

@@ -27,6 +27,8 @@ from kumiko_workflows.steps import callable_name
 HOLDS = ("active", "executing")
 #: The longest key a limit keeps (``WorkflowRunPending.limit_key``).
 KEY_LENGTH = 200
+#: The highest ``max`` of a limit or a rate: each is that many rows per key.
+MOST_SLOTS = 10_000
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -81,7 +83,7 @@ class Rate:
 
 
 def _positive_int(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+    return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= MOST_SLOTS
 
 
 #: (check id, message, hint) of one problem.
@@ -102,7 +104,7 @@ def limit_problems(limit: Any) -> Iterator[Problem]:
     if not _positive_int(limit.max):
         yield (
             "E111",
-            f"concurrency max must be a positive integer, got {limit.max!r}",
+            f"concurrency max must be an integer from 1 to {MOST_SLOTS}, got {limit.max!r}",
             "Limit(max=N): how many runs may hold a slot at once (1 runs them one at a time).",
         )
     if limit.holds not in HOLDS:
@@ -143,7 +145,7 @@ def rate_problems(rate: Any) -> Iterator[Problem]:
     if not _positive_int(rate.max):
         yield (
             "E113",
-            f"rate max must be a positive integer, got {rate.max!r}",
+            f"rate max must be an integer from 1 to {MOST_SLOTS}, got {rate.max!r}",
             "Rate(max=N, per=seconds): at most N segment starts per period.",
         )
     per = rate.per
