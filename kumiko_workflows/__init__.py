@@ -18,8 +18,8 @@ except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
 
 _EXPORTS = {
     "define_workflow": "kumiko_workflows.workflow.definition",
-    "on_event": "kumiko_workflows.workflow.definition",
-    "on_cron": "kumiko_workflows.workflow.definition",
+    "on_event": "kumiko_workflows.workflow.triggers",
+    "on_cron": "kumiko_workflows.workflow.cron",
     "run_id_for": "kumiko_workflows.workflow.definition",
     "steps": "kumiko_workflows.steps",
     "match": "kumiko_workflows.match",
@@ -152,7 +152,9 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowError,
     )
     from kumiko_workflows.store.events import append_event, load_stream, stream_id_for
-    from kumiko_workflows.workflow.definition import define_workflow, on_cron, on_event, run_id_for
+    from kumiko_workflows.workflow.cron import on_cron
+    from kumiko_workflows.workflow.definition import define_workflow, run_id_for
+    from kumiko_workflows.workflow.triggers import on_event
 
 
 def __getattr__(name: str) -> Any:

@@ -23,7 +23,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows.models import Event
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
-        from kumiko_workflows.workflow.definition import registry as workflows
+        from kumiko_workflows.workflow.registry import registry as workflows
 
         projections = dispatch.registry
         if "kumiko_workflows.run_status" not in projections:

@@ -44,7 +44,8 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.operations.rebuild import check
 from kumiko_workflows.operations.versions import version_table
-from kumiko_workflows.workflow.definition import reached, registry
+from kumiko_workflows.workflow.positions import reached
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import run_manage, trigger, types_of
 from tests.faults_support import Worker, wait_for
 from tests.testapp import workflows as w

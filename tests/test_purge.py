@@ -51,7 +51,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.operations.purge import Archive, ArchiveError, purge_runs, read_archive
 from kumiko_workflows.operations.rebuild import check as rebuild_check
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import REPO, subprocess_env, trigger
 from tests.faults_support import Worker, wait_for
 from tests.testapp import cron_workflows as cw

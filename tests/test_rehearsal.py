@@ -25,7 +25,7 @@ from kumiko_workflows.engine.rehearsal import NOT_ROLLED_BACK
 from kumiko_workflows.models import DeployedDefinition
 from kumiko_workflows.store import db
 from kumiko_workflows.workflow import clock
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import trigger, types_of
 from tests.testapp import cron_workflows as cw
 

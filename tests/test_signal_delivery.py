@@ -28,7 +28,7 @@ from kumiko_workflows.engine import transitions
 from kumiko_workflows.engine import worker as worker_module
 from kumiko_workflows.engine.worker import Worker
 from kumiko_workflows.models import Event, SignalDelivery, WorkerHeartbeat, WorkflowRun
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import trigger
 from tests.faults_support import Worker as WorkerProcess
 from tests.faults_support import wait_for

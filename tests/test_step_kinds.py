@@ -11,7 +11,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.models import WorkflowRun, WorkflowRunPending
 from kumiko_workflows.steps import Step
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.suspensions import RECORDS
 from tests.conftest import trigger, types_of
 from tests.step_kinds import nap_until

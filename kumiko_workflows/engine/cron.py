@@ -15,18 +15,14 @@ until it is resumed, and the slots it missed never do), resume it
 caller's key). Each is an event on the schedule stream at its next version,
 so it races the scheduler like any other writer.
 
-Slots are wall-clock times in the schedule's time zone. They are enumerated
-on naive local time (so each wall time exists once) and then placed on the
-time line: a wall time in a skipped hour fires at the end of the gap, a wall
-time in a repeated hour fires once, at its first occurrence after the last
-fired slot. (croniter itself fires a repeated wall time twice.)
+Slots are wall-clock times in the schedule's time zone; their arithmetic
+(the time line, gaps and folds) is :mod:`kumiko_workflows.workflow.cron`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,14 +45,17 @@ from kumiko_workflows.store.events import (
     name_problem,
 )
 from kumiko_workflows.workflow import clock
-from kumiko_workflows.workflow.definition import (
+from kumiko_workflows.workflow.cron import (
     CronTrigger,
-    Workflow,
+    _wall,
+    _walls_before,
     cron_problem,
-    registry,
-    run_id_for,
+    next_slot,
+    slots_between,
 )
+from kumiko_workflows.workflow.definition import Workflow, run_id_for
 from kumiko_workflows.workflow.jsonvalues import text_problem
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.cron")
 
@@ -74,7 +73,7 @@ _STATE_EVENTS = (
 _ATTEMPTS = 3
 
 
-# --- the time line ------------------------------------------------------------
+# --- now ----------------------------------------------------------------------
 
 
 def _aware(now: datetime | None) -> datetime:
@@ -85,82 +84,6 @@ def _aware(now: datetime | None) -> datetime:
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError(f"now must be an aware datetime, got the naive {now.isoformat()}")
     return now.astimezone(UTC)
-
-
-def _wall(instant: datetime, trigger: CronTrigger) -> datetime:
-    """The naive local wall time of ``instant`` in the schedule's zone."""
-    return instant.astimezone(trigger.zone).replace(tzinfo=None)
-
-
-def _place(wall: datetime, trigger: CronTrigger, after: datetime) -> datetime:
-    """The UTC instant a slot at local ``wall`` fires, given the last slot was ``after``.
-
-    A wall time that does not exist (the spring gap) fires when the gap ends;
-    one that exists twice (the autumn fold) fires at its first occurrence
-    later than ``after``.
-    """
-    zone = trigger.zone
-    first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
-    second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
-    if _wall(first, trigger) != wall:
-        # In a gap PEP 495 gives two instants around the transition: fold=1
-        # (the later offset) is before it, fold=0 after it. Find the first
-        # second whose wall time has reached ``wall``: the end of the gap.
-        low, high = int(min(first, second).timestamp()), int(max(first, second).timestamp())
-        while high - low > 1:
-            middle = (low + high) // 2
-            if _wall(datetime.fromtimestamp(middle, UTC), trigger) >= wall:
-                high = middle
-            else:
-                low = middle
-        return datetime.fromtimestamp(high, UTC)
-    if first != second and first <= after:
-        return second
-    return first
-
-
-def _walls(trigger: CronTrigger, start: datetime) -> Iterator[datetime]:
-    """Naive wall times of the expression's slots strictly after naive ``start``."""
-    from croniter import croniter
-
-    cron = croniter(trigger.expression, start)
-    while True:
-        yield cron.get_next(datetime)
-
-
-def _walls_before(trigger: CronTrigger, start: datetime, count: int) -> datetime:
-    """The wall time ``count`` slots before naive ``start`` (``start`` itself for 0)."""
-    from croniter import croniter
-
-    cron = croniter(trigger.expression, start)
-    wall = start
-    for _ in range(count):
-        wall = cron.get_prev(datetime)
-    return wall
-
-
-def slots_between(
-    trigger: CronTrigger, after: datetime, until: datetime, *, start_wall: datetime | None = None
-) -> Iterator[datetime]:
-    """UTC instants of the slots in ``(after, until]``, in order, each instant once."""
-    last = after
-    wall_after = _wall(after, trigger)
-    for wall in _walls(trigger, max(wall_after, start_wall) if start_wall else wall_after):
-        instant = _place(wall, trigger, after)
-        if instant > until:
-            return
-        if instant > last:  # several skipped wall times share the end of their gap
-            last = instant
-            yield instant
-
-
-def next_slot(trigger: CronTrigger, after: datetime) -> datetime:
-    """The first slot strictly after ``after`` (UTC)."""
-    for wall in _walls(trigger, _wall(after, trigger)):
-        instant = _place(wall, trigger, after)
-        if instant > after:
-            return instant
-    raise AssertionError("unreachable")  # pragma: no cover - the iterator is endless
 
 
 # --- schedules ------------------------------------------------------------------

@@ -41,7 +41,8 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import RegistryNotReady
 from kumiko_workflows.models import DeployedDefinition, Event, WorkflowRunPending
 from kumiko_workflows.store import db
-from kumiko_workflows.workflow.definition import Workflow, registry
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.deploys")
 

@@ -18,7 +18,8 @@ from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import VersionConflict
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store import db
-from kumiko_workflows.workflow.definition import CronTrigger, registry
+from kumiko_workflows.workflow.cron import CronTrigger
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.purge")
 

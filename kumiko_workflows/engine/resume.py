@@ -64,8 +64,10 @@ from kumiko_workflows.store.streams import (
     raised,
 )
 from kumiko_workflows.workflow import clock, suspensions
-from kumiko_workflows.workflow.definition import Workflow, parse_path, registry
+from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.jsonvalues import text_problem
+from kumiko_workflows.workflow.positions import parse_path
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.resume")
 

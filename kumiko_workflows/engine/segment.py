@@ -45,14 +45,11 @@ from kumiko_workflows.store.streams import (
     raised,
     set_last_error,
 )
-from kumiko_workflows.workflow.definition import (
-    CronTrigger,
-    EventTrigger,
-    Workflow,
-    registry,
-    run_id_for,
-)
+from kumiko_workflows.workflow.cron import CronTrigger
+from kumiko_workflows.workflow.definition import Workflow, run_id_for
 from kumiko_workflows.workflow.jsonvalues import NotJSON, text_problem, to_json
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.triggers import EventTrigger
 
 logger = logging.getLogger("kumiko_workflows.runner")
 

@@ -45,7 +45,8 @@ from kumiko_workflows.engine import deploys
 from kumiko_workflows.models import Event, SignalDelivery, WorkflowRun
 from kumiko_workflows.store import db
 from kumiko_workflows.workflow import suspensions
-from kumiko_workflows.workflow.definition import Workflow, registry
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.signals")
 

@@ -26,7 +26,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
 )
 from kumiko_workflows.workflow import matching, suspensions
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
 _TIMELINE_HIDDEN = frozenset(

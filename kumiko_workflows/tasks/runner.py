@@ -46,14 +46,10 @@ from kumiko_workflows.tasks.names import (
     event_type,
     workflow_name,
 )
-from kumiko_workflows.workflow.definition import (
-    Workflow,
-    define_workflow,
-    on_cron,
-    on_event,
-    registry,
-    run_id_for,
-)
+from kumiko_workflows.workflow.cron import on_cron
+from kumiko_workflows.workflow.definition import Workflow, define_workflow, run_id_for
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.triggers import on_event
 
 #: The step result that holds the successful attempt: of a task retried, of one run once.
 RESULT_KEY = "task"
