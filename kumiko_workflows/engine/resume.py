@@ -48,7 +48,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.store import db
+from kumiko_workflows.store import claims, db
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
 from kumiko_workflows.store.events import joins_callers_transaction, name_problem
@@ -322,7 +322,7 @@ def resume_due_runs(
     report = ResumeReport()
     stop = should_stop or (lambda: False)
     leaving = deploys.leaving()
-    with db.claiming_only(workflows) if workflows is not None else nullcontext():
+    with claims.claiming_only(workflows) if workflows is not None else nullcontext():
         _take_turns(tenant_id, tenants, start, moment, report, limit, stop, leaving)
     return report
 
@@ -348,7 +348,7 @@ def _take_turns(
     if tenants is not None:
         due_at = dict.fromkeys(tenants, start)
     else:
-        due_at = dict.fromkeys(db.due_tenants(start), start)
+        due_at = dict.fromkeys(claims.due_tenants(start), start)
     joined = set(due_at)
     looked = time.monotonic()
     while due_at:
@@ -374,7 +374,7 @@ def _take_turns(
         if tenants is None and time.monotonic() - looked >= float(workflow_settings.BATCH_SECONDS):
             looked = time.monotonic()
             instant = moment()
-            for tenant in db.due_tenants(instant):
+            for tenant in claims.due_tenants(instant):
                 if tenant not in joined:
                     joined.add(tenant)
                     due_at[tenant] = instant
@@ -494,7 +494,7 @@ def _claim_and_resume(
     row: WorkflowRunPending | None = None
     try:
         with db.atomic() if savepoint else nullcontext():
-            claimed = db.claim_due(tenant, due, passed_over, leaving)
+            claimed = claims.claim_due(tenant, due, passed_over, leaving)
             if claimed is None:
                 return None
             row, trigger = claimed

@@ -56,7 +56,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
     WorkflowWaitKey,
 )
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.events import name_problem
 from kumiko_workflows.workflow.durations import parse_duration
 
@@ -625,7 +625,7 @@ def _hold_writes() -> None:
     (PostgreSQL locks the rows the batch reads instead.)
     """
     if not db.overlapping_writers():
-        db.lock_projection_tables()
+        statements.lock_projection_tables()
 
 
 def _purge_tenant(
@@ -765,7 +765,7 @@ def _delete_events(tenant: str, ids: list[uuid.UUID], writer: Archive | None) ->
                 .values_list(*ARCHIVE_FIELDS)
             )
             lines.extend(_json_line(row) for row in rows)
-        deleted += db.delete_run_streams(tenant, list(chunk))
+        deleted += statements.delete_run_streams(tenant, list(chunk))
     if writer is not None:
         if deleted != len(lines):
             # An event committed between the read and the delete would be

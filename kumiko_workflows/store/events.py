@@ -39,8 +39,10 @@ from kumiko_workflows.exceptions import (
     VersionConflict,
 )
 from kumiko_workflows.models import Event
+from kumiko_workflows.store import appends, cursors, statements
 from kumiko_workflows.store import db as db_statements
-from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
+from kumiko_workflows.store.appends import EVENT_COLUMNS
+from kumiko_workflows.store.db import chains_writes
 from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.jsonvalues import (
@@ -400,13 +402,13 @@ def _insert(
     aggregate = values[1]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
-        sql, params = db_statements.insert_event_sql("next"), [*values, tenant, aggregate, *foreign]
+        sql, params = appends.insert_event_sql("next"), [*values, tenant, aggregate, *foreign]
     elif expected_version == 0 and aggregate_type in ENGINE_STREAMS:
-        sql, params = db_statements.insert_event_sql("new_engine"), [*values, 1]
+        sql, params = appends.insert_event_sql("new_engine"), [*values, 1]
     elif expected_version == 0:
-        sql, params = db_statements.insert_event_sql("new"), [*values, 1, *foreign]
+        sql, params = appends.insert_event_sql("new"), [*values, 1, *foreign]
     else:
-        sql = db_statements.insert_event_sql("after")
+        sql = appends.insert_event_sql("after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
         params = [*values, expected_version + 1, *previous]
     projected = registry.handles(event.type)
@@ -420,7 +422,7 @@ def _insert(
         try:
             written = _write(db, event, sql, params, projected, savepoint)
         except DatabaseError as exc:
-            if not (again and db_statements.lost_prepared_statement(exc)):
+            if not (again and cursors.lost_prepared_statement(exc)):
                 raise
             again = False
             written = _write(db, event, sql, params, projected, savepoint)
@@ -443,7 +445,7 @@ def _write(
     """Run the insert (and the projections, in one atomic block); whether a row was written."""
     block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
     with block:
-        rows = db_statements.run_insert(sql, params, db)
+        rows = appends.run_insert(sql, params, db)
         if rows:
             _saved(db, event, rows[0], projected)
             return True
@@ -559,13 +561,13 @@ def _insert_pair(
     folds = registry.folds(two)
     chained = []
     for _, (model, values, where) in folds:
-        sql, folded_params = db_statements.rows_statement(
+        sql, folded_params = statements.rows_statement(
             model, "UPDATE", values, where, after="second"
         )
         chained.append(sql)
         params.extend(folded_params)
-    sql = db_statements.insert_pair_sql(tuple(chained))
-    inserted = db_statements.run_insert(sql, params, db)
+    sql = appends.insert_pair_sql(tuple(chained))
+    inserted = appends.run_insert(sql, params, db)
     rows = {version: (pk, version) for pk, version in inserted}
     if expected_version + 1 not in rows:
         raise _refusal(one, expected_version) or _version_conflict(one, expected_version)

@@ -34,7 +34,7 @@ from kumiko_workflows.operations.versions import (
     version_lines,
     version_table,
 )
-from kumiko_workflows.store import db
+from kumiko_workflows.store import claims, db
 from kumiko_workflows.workflow import clock
 
 
@@ -95,11 +95,11 @@ def due_by_tenant(tenant: str | None, now: datetime) -> dict[str, int]:
     """The backlog per tenant: due rows of each tenant that has some, largest first.
 
     Counted up to :data:`DUE_CAP` each, one index range per tenant (see
-    ``db.due_backlog``). A pass takes a turn of each of them in turn.
+    ``claims.due_backlog``). A pass takes a turn of each of them in turn.
     """
     rows = [
         (each, count)
-        for each, count in db.due_backlog(now, DUE_CAP)
+        for each, count in claims.due_backlog(now, DUE_CAP)
         if count and (tenant is None or each == tenant)
     ]
     return dict(sorted(rows, key=lambda row: (-row[1], row[0])))
