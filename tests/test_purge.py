@@ -49,7 +49,8 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
     WorkflowWaitKey,
 )
-from kumiko_workflows.operations.purge import Archive, ArchiveError, purge_runs, read_archive
+from kumiko_workflows.operations.archive import Archive, ArchiveError, read_archive
+from kumiko_workflows.operations.purge import purge_runs
 from kumiko_workflows.operations.rebuild import check as rebuild_check
 from kumiko_workflows.workflow.registry import registry
 from tests.conftest import REPO, subprocess_env, trigger
@@ -252,8 +253,8 @@ def test_only_the_purge_deletes_events():
         for path in package.rglob("*.py")
         if "delete_run_streams(" in path.read_text()
     )
-    assert callers == ["operations/purge.py", "store/db.py"]
-    assert "def delete_run_streams(" in (package / "store" / "db.py").read_text()
+    assert callers == ["operations/purge.py", "store/statements.py"]
+    assert "def delete_run_streams(" in (package / "store" / "statements.py").read_text()
 
 
 # --- runs asked for by id -----------------------------------------------------------
