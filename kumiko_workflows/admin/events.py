@@ -7,13 +7,13 @@ from django.contrib import admin
 from django.db.models import Q, QuerySet
 from django.utils.html import format_html, format_html_join
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.admin.base import WorkflowAdmin
 from kumiko_workflows.admin.display import _pre, _short_id, _time, _zoned
 from kumiko_workflows.models import (
     Event,
     WorkflowRun,
 )
+from kumiko_workflows.workflow import event_types as et
 
 #: Runs an event page links to, per kind (started, woken); the rest are counted.
 RUN_LINK_LIMIT = 20

@@ -30,7 +30,6 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.engine.resume import check_by
@@ -45,6 +44,7 @@ from kumiko_workflows.store.events import (
     name_problem,
 )
 from kumiko_workflows.workflow import clock
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.cron import (
     CronTrigger,
     _wall,

@@ -37,10 +37,10 @@ from django.db import DatabaseError
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import RegistryNotReady
 from kumiko_workflows.models import DeployedDefinition, Event, WorkflowRunPending
 from kumiko_workflows.store import db, statements
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
 

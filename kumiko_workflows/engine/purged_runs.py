@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import VersionConflict
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store import statements
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.registry import registry
 

@@ -23,7 +23,6 @@ from typing import Any
 
 from django.db.models import F
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import deploys
@@ -64,6 +63,7 @@ from kumiko_workflows.store.streams import (
     raised,
 )
 from kumiko_workflows.workflow import clock, suspensions
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.jsonvalues import text_problem
 from kumiko_workflows.workflow.positions import parse_path

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows import event_types, telemetry
+from kumiko_workflows import telemetry
 from kumiko_workflows.engine import wakeups
 from kumiko_workflows.exceptions import (
     InvalidEvent,
@@ -29,7 +29,6 @@ from kumiko_workflows.exceptions import (
     VersionConflict,
 )
 from kumiko_workflows.models import Event
-from kumiko_workflows.steps import Step, Suspend, path_text
 from kumiko_workflows.store import db
 from kumiko_workflows.store.events import append_event
 from kumiko_workflows.store.streams import (
@@ -45,10 +44,12 @@ from kumiko_workflows.store.streams import (
     raised,
     set_last_error,
 )
+from kumiko_workflows.workflow import event_types
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.definition import Workflow, run_id_for
 from kumiko_workflows.workflow.jsonvalues import NotJSON, text_problem, to_json
 from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.step_kind import Step, Suspend, path_text
 from kumiko_workflows.workflow.triggers import EventTrigger
 
 logger = logging.getLogger("kumiko_workflows.runner")

@@ -38,12 +38,12 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows import signals
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import deploys
 from kumiko_workflows.models import Event, SignalDelivery, WorkflowRun
 from kumiko_workflows.store import db, statements
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry

@@ -28,11 +28,11 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import InvalidEvent, InvalidMatchExpression, VersionConflict
 from kumiko_workflows.models import Event, SuspensionType, WakeCheck, WorkflowRunPending
 from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching
 
 logger = logging.getLogger("kumiko_workflows.wakeups")

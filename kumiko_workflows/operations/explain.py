@@ -15,7 +15,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.engine import wakeups
 from kumiko_workflows.engine.resume import max_resume_errors, rerun_refusal
 from kumiko_workflows.models import (
@@ -25,6 +24,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, suspensions
 from kumiko_workflows.workflow.registry import registry
 

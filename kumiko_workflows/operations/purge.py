@@ -37,7 +37,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.engine.purged_runs import keeps_key
 from kumiko_workflows.exceptions import InvalidArgument
 from kumiko_workflows.models import (
@@ -54,6 +53,7 @@ from kumiko_workflows.operations.archive import ARCHIVE_FIELDS, Archive, _json_l
 from kumiko_workflows.operations.cutoff import parse_cutoff
 from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.events import name_problem
+from kumiko_workflows.workflow import event_types as et
 
 logger = logging.getLogger("kumiko_workflows.purge")
 

@@ -15,7 +15,6 @@ from typing import Any
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidMatchExpression
 from kumiko_workflows.models import (
@@ -27,6 +26,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.projections.run_status import is_run_event
 from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.streams import is_cleared
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, suspensions
 
 _PENDING_UPDATE_FIELDS = [

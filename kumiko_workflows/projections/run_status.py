@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, RunStatus, WorkflowRun
 from kumiko_workflows.store import statements
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
 
 #: The run events both projections handle.

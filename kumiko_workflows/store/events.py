@@ -30,7 +30,6 @@ from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Max, Model, Subquery
 from django.db.models.signals import post_save, pre_save
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import (
     CrossDatabaseTransaction,
@@ -45,6 +44,7 @@ from kumiko_workflows.store.appends import EVENT_COLUMNS
 from kumiko_workflows.store.db import chains_writes
 from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
 from kumiko_workflows.workflow import clock
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.jsonvalues import (
     NotJSON,
     compact_json,

@@ -14,7 +14,6 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows.event_types import RUN_AGGREGATE_TYPE
 from kumiko_workflows.models import (
     DeployedDefinition,
     Event,
@@ -27,6 +26,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import _now_sql, engine
 from kumiko_workflows.store.statement_cache import _instance_of, statement
+from kumiko_workflows.workflow.event_types import RUN_AGGREGATE_TYPE
 
 
 def wait_paths(tenant_id: str, event_type: str) -> list[str]:

@@ -14,23 +14,23 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     WorkflowDefinitionError,
 )
-from kumiko_workflows.steps import (
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.cron import CronTrigger
+from kumiko_workflows.workflow.fingerprints import _hash
+from kumiko_workflows.workflow.positions import _path_sort_key, parse_path, reach_text, reached
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.step_kind import (
     Step,
     _step_list,
     describe_value,
     iter_steps,
     path_text,
 )
-from kumiko_workflows.workflow.cron import CronTrigger
-from kumiko_workflows.workflow.fingerprints import _hash
-from kumiko_workflows.workflow.positions import _path_sort_key, parse_path, reach_text, reached
-from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.triggers import EventTrigger
 from kumiko_workflows.workflow.validation import validate
 

@@ -10,9 +10,7 @@ import hashlib
 import json
 from typing import Any
 
-from kumiko_workflows.steps import (
-    callable_name,
-)
+from kumiko_workflows.workflow.step_kind import callable_name
 
 
 def _unhashable(value: Any) -> dict[str, str]:

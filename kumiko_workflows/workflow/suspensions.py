@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from django.utils.dateparse import parse_datetime
 
-from kumiko_workflows import event_types as et
+from kumiko_workflows.workflow import event_types as et
 
 Facts = list[tuple[str, str]]
 

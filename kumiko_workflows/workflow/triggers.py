@@ -12,10 +12,8 @@ from typing import Any
 from kumiko_workflows.exceptions import (
     WorkflowDefinitionError,
 )
-from kumiko_workflows.steps import (
-    callable_name,
-)
 from kumiko_workflows.workflow.cron import CronTrigger
+from kumiko_workflows.workflow.step_kind import callable_name
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,11 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kumiko_workflows.steps import (
-    callable_name,
-    iter_steps,
-    path_text,
-)
+from kumiko_workflows.workflow.step_kind import callable_name, iter_steps, path_text
 
 if TYPE_CHECKING:
     from kumiko_workflows.workflow.definition import Workflow
