@@ -44,10 +44,10 @@ _EXPORTS = {
     "MigrationRefused": "kumiko_workflows.exceptions",
     "RunContext": "kumiko_workflows.engine.segment",
     "resume_due_runs": "kumiko_workflows.engine.resume",
-    "cancel_run": "kumiko_workflows.engine.resume",
-    "wake_run": "kumiko_workflows.engine.resume",
-    "rerun_run": "kumiko_workflows.engine.resume",
-    "retry_run": "kumiko_workflows.engine.resume",
+    "cancel_run": "kumiko_workflows.engine.run_controls",
+    "wake_run": "kumiko_workflows.engine.run_controls",
+    "rerun_run": "kumiko_workflows.engine.run_controls",
+    "retry_run": "kumiko_workflows.engine.run_controls",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
     "start_in_worker": "kumiko_workflows.engine.segment",
     "await_run_finished": "kumiko_workflows.aio",
@@ -125,13 +125,8 @@ if TYPE_CHECKING:  # pragma: no cover
         pause_schedule,
         resume_schedule,
     )
-    from kumiko_workflows.engine.resume import (
-        cancel_run,
-        rerun_run,
-        resume_due_runs,
-        retry_run,
-        wake_run,
-    )
+    from kumiko_workflows.engine.resume import resume_due_runs
+    from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, retry_run, wake_run
     from kumiko_workflows.engine.segment import RunContext, start_in_worker
     from kumiko_workflows.engine.versions import migrate_workflow_runs
     from kumiko_workflows.exceptions import (

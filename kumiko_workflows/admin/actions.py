@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 
 from kumiko_workflows.admin.base import WorkflowAdmin, _actor, _own_transaction
 from kumiko_workflows.admin.display import _runs
-from kumiko_workflows.engine.resume import cancel_run, rerun_run, wake_run
+from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, wake_run
 from kumiko_workflows.exceptions import (
     RunNotFound,
     RunNotRerunnable,

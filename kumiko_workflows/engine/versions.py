@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from kumiko_workflows.engine.resume import check_by, check_name
+from kumiko_workflows.engine.run_controls import check_by, check_name
 from kumiko_workflows.exceptions import InvalidArgument, MigrationRefused
 from kumiko_workflows.models import WorkflowRunPending
 from kumiko_workflows.store import db

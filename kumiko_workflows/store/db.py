@@ -16,7 +16,6 @@ and :mod:`~kumiko_workflows.store.statements`.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -28,8 +27,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import receiver
 
 from kumiko_workflows.conf import workflow_settings
-
-logger = logging.getLogger("kumiko_workflows.db")
 
 _alias: str | None = None
 

@@ -9,7 +9,6 @@ triggers are :mod:`~kumiko_workflows.workflow.triggers` and
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,8 +32,6 @@ from kumiko_workflows.workflow.step_kind import (
 )
 from kumiko_workflows.workflow.triggers import EventTrigger
 from kumiko_workflows.workflow.validation import validate
-
-logger = logging.getLogger("kumiko_workflows.definition")
 
 _RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-run")
 
