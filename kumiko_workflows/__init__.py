@@ -26,7 +26,7 @@ _EXPORTS = {
     "event_types": "kumiko_workflows.event_types",
     "append_event": "kumiko_workflows.store.events",
     "load_stream": "kumiko_workflows.store.events",
-    "stream_id_for": "kumiko_workflows.store.events",
+    "stream_id_for": "kumiko_workflows.store.stream_ids",
     "WorkflowError": "kumiko_workflows.exceptions",
     "InvalidEvent": "kumiko_workflows.exceptions",
     "StreamIdentityError": "kumiko_workflows.exceptions",
@@ -146,7 +146,8 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowDefinitionError,
         WorkflowError,
     )
-    from kumiko_workflows.store.events import append_event, load_stream, stream_id_for
+    from kumiko_workflows.store.events import append_event, load_stream
+    from kumiko_workflows.store.stream_ids import stream_id_for
     from kumiko_workflows.workflow.cron import on_cron
     from kumiko_workflows.workflow.definition import define_workflow, run_id_for
     from kumiko_workflows.workflow.triggers import on_event

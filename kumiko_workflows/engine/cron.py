@@ -37,12 +37,9 @@ from kumiko_workflows.engine.segment import start_run
 from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionConflict
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store import db
-from kumiko_workflows.store.events import (
-    append_event,
-    engine_stream,
-    joins_callers_transaction,
-    name_problem,
-)
+from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.store.events import append_event, joins_callers_transaction
+from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.cron import (

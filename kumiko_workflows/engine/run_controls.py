@@ -32,7 +32,8 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
 )
 from kumiko_workflows.store import db
-from kumiko_workflows.store.events import joins_callers_transaction, name_problem
+from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.store.events import joins_callers_transaction
 from kumiko_workflows.store.streams import (
     RunStream,
 )

@@ -52,7 +52,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.operations.archive import ARCHIVE_FIELDS, Archive, _json_line
 from kumiko_workflows.operations.cutoff import parse_cutoff
 from kumiko_workflows.store import db, statements
-from kumiko_workflows.store.events import name_problem
+from kumiko_workflows.store.event_checks import name_problem
 from kumiko_workflows.workflow import event_types as et
 
 logger = logging.getLogger("kumiko_workflows.purge")
