@@ -49,7 +49,7 @@ _EXPORTS = {
     "rerun_run": "kumiko_workflows.engine.run_controls",
     "retry_run": "kumiko_workflows.engine.run_controls",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
-    "start_in_worker": "kumiko_workflows.engine.segment",
+    "start_in_worker": "kumiko_workflows.engine.starts",
     "await_run_finished": "kumiko_workflows.aio",
     "aresume_due_runs": "kumiko_workflows.aio",
     "arerun_run": "kumiko_workflows.aio",
@@ -127,7 +127,8 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from kumiko_workflows.engine.resume import resume_due_runs
     from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, retry_run, wake_run
-    from kumiko_workflows.engine.segment import RunContext, start_in_worker
+    from kumiko_workflows.engine.segment import RunContext
+    from kumiko_workflows.engine.starts import start_in_worker
     from kumiko_workflows.engine.versions import migrate_workflow_runs
     from kumiko_workflows.exceptions import (
         AppendOnlyError,

@@ -16,7 +16,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
             deploys,
             purged_runs,
-            segment,
+            starts,
             transitions,
             wakeups,
         )
@@ -55,7 +55,7 @@ class KumikoWorkflowsConfig(AppConfig):
             projections.register(
                 "kumiko_workflows.trigger",
                 workflows.is_trigger,
-                segment.trigger_projection,
+                starts.trigger_projection,
                 order=40,
                 replay=False,
                 builtin=True,

@@ -39,7 +39,7 @@ from kumiko_workflows import (
 from kumiko_workflows import event_types as et
 from kumiko_workflows.checks import check_settings
 from kumiko_workflows.engine.cron import schedule_id
-from kumiko_workflows.engine.segment import start_run
+from kumiko_workflows.engine.starts import start_run
 from kumiko_workflows.exceptions import AppendOnlyError, InvalidArgument, RunNotFound
 from kumiko_workflows.models import (
     Event,

@@ -23,7 +23,7 @@ from kumiko_workflows.engine.cron import (
     resume_schedule,
     schedule_overview,
 )
-from kumiko_workflows.engine.segment import start_in_worker
+from kumiko_workflows.engine.starts import start_in_worker
 from kumiko_workflows.exceptions import (
     InvalidArgument,
     ScheduleError,

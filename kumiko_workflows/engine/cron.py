@@ -33,7 +33,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.engine.run_controls import check_by
-from kumiko_workflows.engine.segment import start_run
+from kumiko_workflows.engine.starts import start_run
 from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionConflict
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store import db
