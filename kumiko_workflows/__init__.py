@@ -57,9 +57,9 @@ _EXPORTS = {
     "acancel_run": "kumiko_workflows.aio",
     "aappend_event": "kumiko_workflows.aio",
     "migrate_workflow_runs": "kumiko_workflows.engine.versions",
-    "pause_schedule": "kumiko_workflows.engine.cron",
-    "resume_schedule": "kumiko_workflows.engine.cron",
-    "fire_schedule_now": "kumiko_workflows.engine.cron",
+    "pause_schedule": "kumiko_workflows.engine.schedule_controls",
+    "resume_schedule": "kumiko_workflows.engine.schedule_controls",
+    "fire_schedule_now": "kumiko_workflows.engine.schedule_controls",
 }
 
 __all__ = [
@@ -119,14 +119,14 @@ if TYPE_CHECKING:  # pragma: no cover
         await_run_finished,
         awake_run,
     )
-    from kumiko_workflows.engine.cron import (
-        fire_due_schedules,
+    from kumiko_workflows.engine.cron import fire_due_schedules
+    from kumiko_workflows.engine.resume import resume_due_runs
+    from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, retry_run, wake_run
+    from kumiko_workflows.engine.schedule_controls import (
         fire_schedule_now,
         pause_schedule,
         resume_schedule,
     )
-    from kumiko_workflows.engine.resume import resume_due_runs
-    from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, retry_run, wake_run
     from kumiko_workflows.engine.segment import RunContext
     from kumiko_workflows.engine.starts import start_in_worker
     from kumiko_workflows.engine.versions import migrate_workflow_runs

@@ -17,11 +17,11 @@ from django.urls import URLPattern, path
 from django.utils.html import format_html
 
 from kumiko_workflows.admin.base import WorkflowAdmin, _actor, _own_transaction, admin_tenant
-from kumiko_workflows.engine.cron import (
+from kumiko_workflows.engine.cron import schedule_overview
+from kumiko_workflows.engine.schedule_controls import (
     fire_schedule_now,
     pause_schedule,
     resume_schedule,
-    schedule_overview,
 )
 from kumiko_workflows.engine.starts import start_in_worker
 from kumiko_workflows.exceptions import (

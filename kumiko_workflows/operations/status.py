@@ -115,7 +115,7 @@ def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str
     """The workers' heartbeats, freshest first: those serving ``tenant``, on ``host``.
 
     Their age is measured on the database's clock, as they were written
-    (:meth:`kumiko_workflows.engine.worker.Heartbeat.beat`).
+    (:meth:`kumiko_workflows.engine.heartbeat.Heartbeat.beat`).
     """
     now = db.database_now()
     rows = []

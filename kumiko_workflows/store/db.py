@@ -22,11 +22,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.core.signals import setting_changed
-from django.db import connections, transaction
+from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import receiver
 
 from kumiko_workflows.conf import workflow_settings
+
+#: Errors that mean "the database is unreachable or the connection broke".
+CONNECTION_ERRORS = (DatabaseError, InterfaceError)
 
 _alias: str | None = None
 
