@@ -216,7 +216,7 @@ def announce(event: Event, replaying: bool) -> None:
     Never on a replay. The common case, no receiver, costs one lookup; a
     listened-to transition costs one INSERT in its transaction and one
     DELETE after the receivers ran (which waits for no disk flush: see
-    :func:`~kumiko_workflows.store.db.delete_signal_delivery`).
+    :func:`~kumiko_workflows.store.statements.delete_signal_delivery`).
     """
     if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE:
         return

@@ -428,7 +428,7 @@ def _still_triggering(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]
 def _delete_events(tenant: str, ids: list[uuid.UUID], writer: Archive | None) -> int:
     """Delete the run streams of ``ids`` (archived first); return how many events went.
 
-    Past the model's refusal, through :func:`kumiko_workflows.store.db.delete_run_streams`:
+    Past the model's refusal, through :func:`kumiko_workflows.store.statements.delete_run_streams`:
     the engine's run streams of one tenant, nothing else.
     """
     deleted = 0

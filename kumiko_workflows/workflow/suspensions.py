@@ -26,7 +26,7 @@ Facts = list[tuple[str, str]]
 
 
 class Teller(Protocol):
-    """What an explanation is told with (the admin's :mod:`kumiko_workflows.explain`)."""
+    """What an explanation is told with (the admin's :mod:`kumiko_workflows.operations.explain`)."""
 
     #: The run's status row.
     run: Any
