@@ -18,7 +18,7 @@ class KumikoWorkflowsConfig(AppConfig):
             deploys,
             limits,
             purged_runs,
-            segment,
+            starts,
             transitions,
             wakeups,
         )
@@ -26,7 +26,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows.projections import limits as limit_slots
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
-        from kumiko_workflows.workflow.definition import registry as workflows
+        from kumiko_workflows.workflow.registry import registry as workflows
 
         projections = dispatch.registry
         if "kumiko_workflows.run_status" not in projections:
@@ -65,7 +65,7 @@ class KumikoWorkflowsConfig(AppConfig):
             projections.register(
                 "kumiko_workflows.trigger",
                 workflows.is_trigger,
-                segment.trigger_projection,
+                starts.trigger_projection,
                 order=40,
                 replay=False,
                 builtin=True,

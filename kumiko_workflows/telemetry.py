@@ -33,10 +33,10 @@ from typing import Any, TypeVar
 from django.utils import timezone
 
 from kumiko_workflows import __version__
-from kumiko_workflows import event_types as et
-from kumiko_workflows.steps import Suspend, path_text
-from kumiko_workflows.store import db
+from kumiko_workflows.store import claims, db, slots
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow.step_kind import Suspend, path_text
 
 try:
     from opentelemetry import context, metrics, trace
@@ -434,7 +434,7 @@ def worker_error(kind: str) -> None:
 
 def _observe_due(options: Any) -> Iterable[Any]:
     """Due rows per tenant, read when a metric reader collects (a scrape, an export)."""
-    rows = _read("due backlog", lambda: db.due_backlog(timezone.now(), BACKLOG_CAP))
+    rows = _read("due backlog", lambda: claims.due_backlog(timezone.now(), BACKLOG_CAP))
     return [metrics.Observation(count, {TENANT: tenant}) for tenant, count in rows]
 
 
@@ -442,7 +442,7 @@ def _observe_queued(options: Any) -> Iterable[Any]:
     """Runs held back by a concurrency or rate limit, per tenant and kind, read when collected."""
     return [
         metrics.Observation(count, {TENANT: tenant, SUSPENSION: kind})
-        for tenant, kind, count in _read("queued runs", db.held_back_by_tenant)
+        for tenant, kind, count in _read("queued runs", slots.held_back_by_tenant)
     ]
 
 

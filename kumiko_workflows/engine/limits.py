@@ -18,7 +18,7 @@ row leaves the due range, keeping the suspension it was claimed from. A
 segment's end (``"executing"``) or a holder's end (``"active"``) offers the
 freed slot to the oldest queued run of the key (``workflow.slot-offered``),
 which makes it due and NOTIFYs a worker, as any wake-up. Queuing and
-offering take the key's queue lock in turn (:func:`db.lock_limit_queue`), so
+offering take the key's queue lock in turn (:func:`slots.lock_limit_queue`), so
 no offer misses a run that queued meanwhile. No serializable transaction,
 no counter: row locks and the streams decide.
 """
@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, LimitSlot, RateSlot, WorkflowRunPending
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, slots
 from kumiko_workflows.store.streams import RunStream
 from kumiko_workflows.workflow import clock, suspensions
-from kumiko_workflows.workflow.definition import Workflow, registry
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.limits import Limit, Rate, UnusableKey, key_of
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.limits")
 
@@ -83,16 +84,17 @@ def _admit_concurrency(
         return ADMITTED
     key = key_of(limit.key, trigger)
     active = limit.holds == "active"
-    if active and db.held_slot(row.tenant_id, row.run_id) is not None:
+    if active and slots.held_slot(row.tenant_id, row.run_id) is not None:
         return ADMITTED  # its first segment took one; it holds it until it ends
-    slot = db.take_limit_slot(row.tenant_id, workflow.name, key, limit.max, free_only=active)
+    tenant, name = row.tenant_id, workflow.name
+    slot = slots.take_limit_slot(tenant, name, key, limit.max, free_only=active)
     if slot is None:
         # The key's rows may not exist yet (its first run, or a raised max).
-        db.ensure_slots(LimitSlot, row.tenant_id, workflow.name, key, limit.max)
-        db.lock_limit_queue(row.tenant_id, workflow.name, key)
-        slot = db.take_limit_slot(row.tenant_id, workflow.name, key, limit.max, free_only=active)
-        if slot is None and active and _release_settled(row.tenant_id, workflow.name, key):
-            slot = db.take_limit_slot(row.tenant_id, workflow.name, key, limit.max, free_only=True)
+        slots.ensure_slots(LimitSlot, tenant, name, key, limit.max)
+        slots.lock_limit_queue(tenant, name, key)
+        slot = slots.take_limit_slot(tenant, name, key, limit.max, free_only=active)
+        if slot is None and active and _release_settled(tenant, name, key):
+            slot = slots.take_limit_slot(tenant, name, key, limit.max, free_only=True)
     if slot is None:
         _queue(workflow, row, stream, key, limit)
         return Admission(False)
@@ -141,11 +143,11 @@ def _admit_rate(
     key = key_of(rate.key, trigger)
     at = rate_clock(now)
     period = timedelta(seconds=rate.seconds)
-    free = db.free_rate_slots(row.tenant_id, workflow.name, key, rate.max)
+    free = slots.free_rate_slots(row.tenant_id, workflow.name, key, rate.max)
     if _spent(free, at, period) and len(free) < rate.max:
         # The key's rows may not exist yet (its first start, or a raised max).
-        db.ensure_slots(RateSlot, row.tenant_id, workflow.name, key, rate.max)
-        free = db.free_rate_slots(row.tenant_id, workflow.name, key, rate.max)
+        slots.ensure_slots(RateSlot, row.tenant_id, workflow.name, key, rate.max)
+        free = slots.free_rate_slots(row.tenant_id, workflow.name, key, rate.max)
     if not _spent(free, at, period):
         slot, _ = free[0]
         stream.append(
@@ -161,7 +163,7 @@ def _admit_rate(
         return True
     # Slots others lock were taken just now: free a period from now at the latest.
     allowed = min([at + period, *(last + period for _, last in free if last is not None)])
-    tail = db.rate_tail(row.tenant_id, workflow.name, key)
+    tail = slots.rate_tail(row.tenant_id, workflow.name, key)
     if tail is not None and tail >= allowed - period:
         # Behind the runs told to wait already, each a share of the period later.
         allowed = max(allowed, tail + period / rate.max)
@@ -202,7 +204,7 @@ def _queue(
     """Queue the run for a slot of ``key``: ``workflow.slot-waiting``, keeping its suspension."""
     queued_at = row.queued_at or row.wake_at or row.suspended_at
     holders = (
-        db.limit_holders(row.tenant_id, workflow.name, key)
+        slots.limit_holders(row.tenant_id, workflow.name, key)
         if limit.holds == "active"
         else limit.max
     )
@@ -229,9 +231,9 @@ def _queue(
 
 def _release_settled(tenant_id: str, workflow_name: str, key: str) -> bool:
     """Free the slots of holders that have ended (``workflow.slot-released``); whether any."""
-    ended = db.settled_holders(tenant_id, workflow_name, key)
+    ended = slots.settled_holders(tenant_id, workflow_name, key)
     for run in ended:
-        held = db.held_slot(tenant_id, run.run_id)
+        held = slots.held_slot(tenant_id, run.run_id)
         stream = RunStream(
             run.run_id, tenant_id, workflow_name, run.version, run.definition_fingerprint, None
         )
@@ -260,7 +262,7 @@ def after_segment(tenant_id: str, workflow_name: str, admission: Admission) -> N
     offered run becomes due (both at once).
     """
     if admission.executing is not None:
-        db.lock_limit_queue(tenant_id, workflow_name, admission.key)
+        slots.lock_limit_queue(tenant_id, workflow_name, admission.key)
         _offer(tenant_id, workflow_name, admission.key, None)
 
 
@@ -271,7 +273,7 @@ def _offer(tenant_id: str, workflow_name: str, key: str, slot: int | None) -> No
     run's (``workflow.slot-taken`` on its stream), so no run that was not
     queued takes it first. Under the key's queue lock.
     """
-    row = db.oldest_queued(tenant_id, workflow_name, key)
+    row = slots.oldest_queued(tenant_id, workflow_name, key)
     if row is None:
         return
     stream = RunStream.of_pending(row)
@@ -311,11 +313,11 @@ def release_on_end(event: Event, replaying: bool) -> None:
     name = payload.get("workflow_name")
     if not isinstance(name, str) or not _holds_active(name):
         return
-    held = db.held_slot(event.tenant_id, event.aggregate_id)
+    held = slots.held_slot(event.tenant_id, event.aggregate_id)
     if held is None:
         return
     workflow_name, key, slot = held
-    db.lock_limit_queue(event.tenant_id, workflow_name, key)
+    slots.lock_limit_queue(event.tenant_id, workflow_name, key)
     stream = RunStream(
         event.aggregate_id,
         event.tenant_id,

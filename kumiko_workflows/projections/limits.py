@@ -15,9 +15,9 @@ from __future__ import annotations
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, LimitSlot, RateSlot
 from kumiko_workflows.projections.run_status import is_run_event
+from kumiko_workflows.workflow import event_types as et
 
 HANDLED = frozenset({et.SLOT_TAKEN, et.SLOT_RELEASED, et.RATE_TAKEN, et.RATE_WAITING})
 

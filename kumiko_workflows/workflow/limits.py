@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from kumiko_workflows.steps import callable_name
+from kumiko_workflows.workflow.step_kind import callable_name
 
 #: How a run holds its slot: from its start to its end, or while a segment runs.
 HOLDS = ("active", "executing")
