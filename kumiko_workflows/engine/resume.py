@@ -35,6 +35,7 @@ from kumiko_workflows.engine.wakeups import (
     wake_by_look_back,
 )
 from kumiko_workflows.exceptions import (
+    CrossDatabaseTransaction,
     InvalidArgument,
     RunNotFound,
     RunNotRerunnable,
@@ -51,7 +52,11 @@ from kumiko_workflows.models import (
 from kumiko_workflows.store import db
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
-from kumiko_workflows.store.events import joins_callers_transaction, name_problem
+from kumiko_workflows.store.events import (
+    joins_callers_transaction,
+    name_problem,
+    relay_outboxes,
+)
 from kumiko_workflows.store.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
@@ -82,6 +87,8 @@ class ResumeReport:
     due for a worker that has it (see :mod:`kumiko_workflows.engine.deploys`).
     ``errors`` counts rows whose resume raised; the pass that fails such a
     run after ``MAX_RESUME_ERRORS`` of them counts it in ``failed``.
+    ``relayed`` counts appends a process left in an outbox, relayed first
+    (:mod:`kumiko_workflows.store.outbox`).
     """
 
     resumed: int = 0
@@ -90,6 +97,8 @@ class ResumeReport:
     failed: int = 0
     errors: int = 0
     left: int = 0
+    #: Appends a process left in an outbox (it died after its commit), relayed first.
+    relayed: int = 0
 
     def add(self, other: ResumeReport) -> None:
         for field in fields(self):
@@ -105,8 +114,9 @@ class ResumeReport:
     def __str__(self) -> str:
         # ``left`` only when some were: it happens during a deploy, and says so.
         items = self.as_dict()
-        if not items["left"]:
-            del items["left"]
+        for quiet in ("left", "relayed"):  # only when some were
+            if not items[quiet]:
+                del items[quiet]
         return " ".join(f"{key}={value}" for key, value in items.items())
 
 
@@ -306,6 +316,11 @@ def resume_due_runs(
             check_name(each, "tenants", "tenant_id")
     # Wake-ups not yet decided (their process died after commit, or a row
     # was locked) first, so the runs they wake are due in this pass.
+    refuse_foreign_transaction()
+    report = ResumeReport()
+    # Appends committed in a site's transaction whose process died before
+    # relaying them, first: the runs they start or wake take part in this pass.
+    report.relayed = _relay_outboxes([tenant_id] if tenant_id is not None else tenants)
     for checked in [tenant_id] if tenants is None else list(tenants):
         decide_waiting_checks(checked)
     # Each tenant's rows due when it joins the pass are picked; each runs at
@@ -317,12 +332,41 @@ def resume_due_runs(
     def moment() -> datetime:
         return fixed or clock.now()
 
-    report = ResumeReport()
     stop = should_stop or (lambda: False)
     leaving = deploys.leaving()
     with db.claiming_only(workflows) if workflows is not None else nullcontext():
         _take_turns(tenant_id, tenants, start, moment, report, limit, stop, leaving)
     return report
+
+
+def refuse_foreign_transaction() -> None:
+    """Refuse (:class:`CrossDatabaseTransaction`) a pass inside a transaction on another alias.
+
+    The pass commits its own transactions on the engine's alias; steps it
+    runs that write to that other database would write inside the caller's
+    transaction there, kept or rolled back apart from the runs they belong to.
+    """
+    elsewhere = db.transactions_elsewhere()
+    if elsewhere:
+        raise CrossDatabaseTransaction(
+            f"resume_due_runs() was called inside a transaction on database {elsewhere[0]!r}: "
+            f"the pass commits its runs on the engine's database ({db.alias()!r}) as it goes, "
+            f"while the steps' writes to {elsewhere[0]!r} would wait for your transaction "
+            f"there, and roll back with it. Nothing was done. Call it outside any transaction"
+        )
+
+
+def _relay_outboxes(tenants: Sequence[str] | None) -> int:
+    """Relay what processes left in the outboxes; how many (0 when it cannot now)."""
+    try:
+        relayed = relay_outboxes(tenants).relayed
+    except Exception:
+        if db.connection_broken():
+            raise
+        # An outbox not migrated or unreachable: resuming goes on all the same.
+        logger.exception("the outboxes could not be relayed; the next pass tries again")
+        return 0
+    return relayed
 
 
 def _take_turns(

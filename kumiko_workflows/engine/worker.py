@@ -79,7 +79,12 @@ class PassResult:
         """Nothing happened that this worker did: no run resumed or failed, no error, no slot."""
         report = self.report
         return not (
-            report.resumed or report.failed or self.errors or self.fired or self.redelivered
+            report.resumed
+            or report.failed
+            or self.errors
+            or self.fired
+            or self.redelivered
+            or report.relayed
         )
 
     def __str__(self) -> str:
@@ -452,7 +457,8 @@ class Worker:
                 backoff = 1.0
                 if self.stopping or self._done():
                     break
-                if result.report.resumed or result.fired or result.redelivered:
+                report = result.report
+                if report.resumed or report.relayed or result.fired or result.redelivered:
                     continue  # progress was made: more may be due right away
                 self._sleep(self._sleep_seconds(), listener)
         finally:

@@ -31,6 +31,7 @@ from kumiko_workflows.event_types import RUN_AGGREGATE_TYPE
 from kumiko_workflows.models import (
     DeployedDefinition,
     Event,
+    OutboxEntry,
     PurgedRun,
     SignalDelivery,
     WorkflowRun,
@@ -112,6 +113,22 @@ def foreign_transaction() -> str | None:
         if conn.alias != own.alias and _in_transaction(conn):
             return str(conn.alias)
     return None
+
+
+def transactions_elsewhere() -> list[str]:
+    """The aliases other than the engine's with a transaction open in this thread (no SQL).
+
+    Whatever the engine's own connection is doing: the outbox joins such a
+    transaction (:mod:`kumiko_workflows.store.outbox`).
+    """
+    if len(connections.settings) == 1:
+        return []
+    own = alias()
+    return [
+        str(conn.alias)
+        for conn in connections.all(initialized_only=True)
+        if conn.alias != own and _in_transaction(conn)
+    ]
 
 
 def set_rollback(rollback: bool) -> None:
@@ -844,14 +861,15 @@ def _now_sql(conn: BaseDatabaseWrapper, *, with_params: bool) -> str:
     return sql.replace("%", "%%") if with_params else sql
 
 
-def database_now() -> datetime:
+def database_now(using: str | None = None) -> datetime:
     """The engine's database's clock now: the one clock of instants other processes wrote.
 
     Workers write their heartbeats with ``Now()`` (this clock), and their
     age is judged on it too, so no process's own clock, however far it is
-    off, makes a dead worker look alive or a live one dead.
+    off, makes a dead worker look alive or a live one dead. ``using`` reads
+    another alias's clock instead (an outbox's rows are written on it).
     """
-    conn = engine()
+    conn = engine() if using is None else connections[using]
     with conn.cursor() as cursor:
         cursor.execute(f"SELECT {_now_sql(conn, with_params=False)}")
         (value,) = cursor.fetchone()
@@ -954,6 +972,25 @@ def delete_signal_delivery(event_id: int) -> None:
 
     with hot_cursor() as cursor:
         cursor.execute(statement(("delete_signal_delivery",), build), [event_id])
+
+
+# --- the outbox on the site's databases (store/outbox) -------------------------
+
+
+def take_outbox_lock(using: str) -> None:
+    """In a transaction on ``using``: hold what keeps two relays of its outbox apart.
+
+    On a database that locks rows (``FOR UPDATE SKIP LOCKED``) nothing: each
+    relay locks the rows it takes. On SQLite, the write lock, taken first
+    (see :func:`_take_write_lock`): relays of one file take turns.
+    """
+    conn = connections[using]
+    if conn.features.has_select_for_update:
+        return
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {conn.ops.quote_name(OutboxEntry._meta.db_table)} WHERE id = -1"  # noqa: S608
+        )
 
 
 # --- deployed definitions (engine/deploys) -------------------------------------

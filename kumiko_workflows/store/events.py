@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
@@ -38,8 +38,9 @@ from kumiko_workflows.exceptions import (
     StreamIdentityError,
     VersionConflict,
 )
-from kumiko_workflows.models import Event
+from kumiko_workflows.models import Event, OutboxEntry
 from kumiko_workflows.store import db as db_statements
+from kumiko_workflows.store import outbox
 from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
 from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
 from kumiko_workflows.workflow import clock
@@ -228,12 +229,19 @@ def joins_callers_transaction(operation: str) -> None:
     if other is None:
         return
     own = db_statements.alias()
+    way = (
+        f"list {other!r} in KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] (and migrate it: "
+        f"manage.py migrate --database {other}), so that appends join its transactions "
+        f"through an outbox there, relayed after commit; or "
+        if operation == "append_event"
+        else ""
+    )
     raise CrossDatabaseTransaction(
         f"{operation}() was called inside a transaction on database {other!r}, but the "
         f"engine's tables are on {own!r} (KUMIKO_WORKFLOWS['DATABASE']), where no transaction "
         f"is open: its writes (events, the runs they start, their signals) would commit at "
-        f"once, even if the transaction on {other!r} rolls back. Nothing was written. Open "
-        f"transaction.atomic(using={own!r}) around your transaction on {other!r} (the "
+        f"once, even if the transaction on {other!r} rolls back. Nothing was written. {way}"
+        f"Open transaction.atomic(using={own!r}) around your transaction on {other!r} (the "
         f"engine's writes then commit or roll back with it, just after yours), or make the "
         f"call once {other!r} has committed"
     )
@@ -271,10 +279,19 @@ def append_event(
     unwind on any error (the engine's own run streams): it saves the
     savepoint round trips, and a failing projection then dooms that block.
 
-    Inside a transaction on another database than the engine's
-    (``KUMIKO_WORKFLOWS["DATABASE"]``) with none open on the engine's, it
-    raises :class:`CrossDatabaseTransaction` and writes nothing: the
-    append would not be part of the caller's transaction.
+    Inside a transaction on a database listed in
+    ``KUMIKO_WORKFLOWS["OUTBOX_DATABASES"]`` (the site's, not the engine's
+    ``KUMIKO_WORKFLOWS["DATABASE"]``), whether or not one is open on the
+    engine's, the event goes to that database's outbox in the caller's
+    transaction and is appended to the engine's after it commits
+    (:mod:`kumiko_workflows.store.outbox`): the returned Event is unsaved
+    (``id`` and ``version`` None, ``relay_id`` set), its input checked as
+    for any append, its stream's tenant and type too; ``expected_version``
+    is refused there (:class:`CrossDatabaseTransaction`: the stream's version
+    is only known at the relay). Inside a transaction on another database
+    than the engine's that is not listed, with none open on the engine's, it
+    raises :class:`CrossDatabaseTransaction` and writes nothing: the append
+    would not be part of the caller's transaction.
     """
     event, texts = _prepared(
         aggregate_id,
@@ -288,6 +305,11 @@ def append_event(
         event_version,
         created_at,
     )
+    # The engine's own streams (cancel_run and the like) are written where the
+    # operation's own check let them be.
+    into = None if event.aggregate_type in ENGINE_STREAMS else outbox.alias_for_append()
+    if into is not None:
+        return _to_outbox(into, event, expected_version)
     joins_callers_transaction("append_event")
     # The engine's right to write its streams covers this append only, not the
     # appends of the projections it sets off: a workflow triggered by a run
@@ -298,6 +320,57 @@ def append_event(
     finally:
         _engine_writing.reset(token)
     return event
+
+
+def _to_outbox(alias: str, event: Event, expected_version: int | None) -> Event:
+    """Write the checked ``event`` to ``alias``'s outbox, in the caller's transaction there."""
+    if expected_version is not None:
+        raise CrossDatabaseTransaction(
+            f"append_event() with expected_version={expected_version} was called inside a "
+            f"transaction on database {alias!r}: the append goes to its outbox "
+            f"(KUMIKO_WORKFLOWS['OUTBOX_DATABASES']) and reaches the engine's database only "
+            f"after your commit, when the stream's version may have moved, so it cannot be "
+            f"checked now. Nothing was written. Append without expected_version there, or make "
+            f"the checked append outside that transaction"
+        )
+    # What the relay's insert would refuse for the stream's tenant or type, said
+    # now (a read of the engine's database; nothing written there).
+    refusal = _refusal(event, None)
+    if refusal is not None:
+        raise refusal
+    event.relay_id = outbox.enqueue(alias, event, _append_relayed)
+    return event
+
+
+def _append_relayed(entry: OutboxEntry) -> Event:
+    """Append the outbox row ``entry`` to the engine's database (the relay's transaction).
+
+    Checked again as any append (a setting such as ``MAX_PAYLOAD_BYTES`` may
+    have changed since), projected as any append; raises as it would.
+    """
+    event, texts = _prepared(
+        entry.aggregate_id,
+        entry.aggregate_type,
+        entry.type,
+        entry.payload,
+        entry.tenant_id,
+        None,
+        entry.metadata,
+        entry.created_by,
+        entry.event_version,
+        entry.created_at,
+    )
+    token = _engine_writing.set(False)
+    try:
+        _insert(event, None, texts, savepoint=False)  # the relay's savepoint holds it
+    finally:
+        _engine_writing.reset(token)
+    return event
+
+
+def relay_outboxes(tenants: Sequence[str] | None = None) -> outbox.RelayReport:
+    """Relay the appends processes left in the outboxes (a resume pass does first)."""
+    return outbox.relay_leftovers(_append_relayed, tenants=tenants)
 
 
 def _prepared(

@@ -1,0 +1,197 @@
+"""The outbox: appends in a transaction on the site's database, relayed to the engine's.
+
+A real site in subprocesses (``tests/settings_outbox.py``: the engine on
+``workflows``, the site and its outbox on ``default``), two PostgreSQL
+databases or two SQLite files. A rolled-back site transaction leaves no
+event, run or signal anywhere; a committed one always gets its run: relayed
+by the process right after its commit, or, when that process was SIGKILLed
+right after the commit, by the next worker pass, exactly once; a relay
+killed between the engine's commit and the outbox row's deletion appends
+nothing twice; racing relays (PostgreSQL) relay each row once, each stream
+in order.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests.conftest import REPO, subprocess_env
+# Fixtures: two databases (two PostgreSQL databases, or two SQLite files), migrated.
+from tests.test_database_alias import site_and_engine, two_databases  # noqa: F401
+
+SETTINGS = "tests.settings_outbox"
+
+
+def _env(names):
+    env = subprocess_env(
+        DJANGO_SETTINGS_MODULE=SETTINGS,
+        KUMIKO_TEST_ALIAS_DEFAULT=names[0],
+        KUMIKO_TEST_ALIAS_WORKFLOWS=names[1],
+    )
+    env.pop("KUMIKO_TEST_DB_NAME", None)
+    return env
+
+
+def _run(args, names, timeout=180, returncode=0):
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=_env(names),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == returncode, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def _json(names, *args):
+    return json.loads(_run(["-m", "tests.alias_outbox", *args], names).strip().splitlines()[-1])
+
+
+def _killed(names, *args):
+    """Run ``tests.alias_outbox ARGS``, which must die of SIGKILL; its stdout."""
+    return _run(["-m", "tests.alias_outbox", *args], names, returncode=-signal.SIGKILL)
+
+
+def _pass(names):
+    """One worker pass, a process of its own (``manage.py resume_due_runs``); its summary."""
+    out = _run([str(REPO / "manage.py"), "resume_due_runs", "--no-cron"], names)
+    return out.strip().splitlines()[-1]
+
+
+NOTHING = {"group": False, "events": [], "run": None, "signals": [], "outbox": 0, "records": 0}
+STARTED = {
+    "group": True,
+    "events": ["t.recorded", "t.wait"],  # the trigger and the first step's side event
+    "run": "waiting",
+    "signals": ["run_started", "run_suspended"],
+    "outbox": 0,
+    "records": 0,
+}
+#: What a killed process's case leaves once relayed by another (its signals were heard there).
+RELAYED = {**STARTED, "signals": []}
+
+
+def _picked(seen, keys):
+    return {key: seen[key] for key in keys}
+
+
+@pytest.mark.django_db
+def test_an_append_in_the_sites_transaction_commits_and_rolls_back_with_it(site_and_engine):
+    seen = _json(site_and_engine, "cases")
+
+    # Rolled back: nothing anywhere, no signal.
+    assert _picked(seen["site_rollback"], NOTHING) == NOTHING, seen["site_rollback"]
+    # Committed: inside the block only the outbox row (the Event returned unsaved, with
+    # its relay id); after the commit, relayed: the event, the run, the signals.
+    commit = seen["site_commit"]
+    assert commit["returned"] == [None, None, True], commit
+    assert (commit["outbox_inside"], commit["events_inside"], commit["heard_inside"]) == (1, 0, [])
+    assert _picked(commit, STARTED) == STARTED, commit
+
+    # Open on both aliases (either outermost): the outbox too; relayed once both committed.
+    for name in ("both_commit", "both_site_outer_commit"):
+        both = seen[name]
+        assert _picked(both, STARTED) == STARTED, (name, both)
+        assert (both["heard_inside"], both["events_after_inner"]) == ([], 0), (name, both)
+    assert _picked(seen["both_site_outer_rollback"], NOTHING) == NOTHING
+    # The engine's block outermost, rolled back after the site's committed: the site's
+    # write stands, and so does its append, left in the outbox for the next pass.
+    rolled = seen["both_rollback"]
+    assert _picked(rolled, NOTHING) == {**NOTHING, "group": True, "outbox": 1}, rolled
+
+    # expected_version cannot be checked before the relay: refused, the caller's block goes on.
+    refused = seen["expected_version"]
+    assert refused["expected_version"].startswith(
+        "append_event() with expected_version=0 was called inside a transaction on database "
+        "'default': the append goes to its outbox"
+    ), refused
+    assert _picked(refused, NOTHING) == {**NOTHING, "group": True}, refused
+    # Bad input raises at the call, as for any append, and writes nothing.
+    bad = seen["bad_input"]
+    assert "not JSON-serialisable" in bad["payload"] and "NUL" in bad["tenant"], bad
+    assert bad["identity"].endswith("is a stream of aggregate type 'other', not 't'"), bad
+    assert _picked(bad, NOTHING) == {**NOTHING, "group": True}, bad
+
+    # One transaction's appends to a stream reach it in their order.
+    assert seen["in_order"]["seqs"] == [0, 1, 2, 3, 4], seen["in_order"]
+    # No transaction, or one on the engine's alias only: appended at once, as before.
+    assert seen["direct"]["direct"] == [1, 2, None, None], seen["direct"]
+    # A resume pass inside the site's transaction is refused; so is cancel_run (its
+    # writes cannot go through an outbox).
+    refusals = seen["refusals"]
+    assert refusals["resume_due_runs"].startswith(
+        "resume_due_runs() was called inside a transaction on database 'default'"
+    ), refusals
+    assert refusals["cancel_run"].startswith("cancel_run() was called inside a transaction")
+
+    # The leftover of the rolled-back engine block: the next pass relays it.
+    assert "relayed=1" in _pass(site_and_engine)
+    after = _json(site_and_engine, "read", rolled["key"])
+    assert after == RELAYED, after
+
+
+@pytest.mark.django_db
+def test_a_process_killed_right_after_its_commit_gets_its_run_from_the_next_pass(site_and_engine):
+    key = f"killed-{uuid.uuid4().hex[:8]}"
+    _killed(site_and_engine, "die-after-commit", key)
+
+    # Committed, not relayed: the site's write and the outbox row, nothing on the engine's.
+    left = _json(site_and_engine, "read", key)
+    assert left == {**NOTHING, "group": True, "outbox": 1}, left
+
+    assert "relayed=1" in _pass(site_and_engine)
+    assert _json(site_and_engine, "read", key) == RELAYED
+    # Exactly once: another pass relays nothing, the stream has its one trigger.
+    assert "relayed" not in _pass(site_and_engine)
+    assert _json(site_and_engine, "read", key) == RELAYED
+
+
+@pytest.mark.django_db
+def test_a_relay_killed_after_the_engines_commit_appends_nothing_twice(site_and_engine):
+    key = f"relay-{uuid.uuid4().hex[:8]}"
+    _killed(site_and_engine, "die-in-relay", key)
+
+    # Appended on the engine's database, the outbox row not yet deleted, the record there.
+    left = _json(site_and_engine, "read", key)
+    assert left == {**RELAYED, "outbox": 1, "records": 1}, left
+
+    # The next pass finds the record: it deletes the row and appends nothing.
+    assert "relayed" not in _pass(site_and_engine)
+    assert _json(site_and_engine, "read", key) == RELAYED
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_racing_relays_relay_each_leftover_once_each_stream_in_order(site_and_engine, tmp_path):
+    streams = json.loads(_killed(site_and_engine, "leave", "20", "10").strip().splitlines()[0])
+    go = tmp_path / "go"
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.alias_outbox", "race", str(go)],
+            cwd=REPO,
+            env=_env(site_and_engine),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    go.touch()
+    reports = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=180)
+        assert racer.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+
+    assert sum(report["relayed"] for report in reports) == 200, reports
+    assert sum(report["repeated"] for report in reports) == 0, reports
+    seqs = _json(site_and_engine, "streams", *streams)
+    assert seqs == {stream: list(range(10)) for stream in streams}, seqs
