@@ -21,9 +21,12 @@ import uuid
 
 import pytest
 
+from tests import test_database_alias
 from tests.conftest import REPO, subprocess_env
+
 # Fixtures: two databases (two PostgreSQL databases, or two SQLite files), migrated.
-from tests.test_database_alias import site_and_engine, two_databases  # noqa: F401
+two_databases = test_database_alias.two_databases
+site_and_engine = test_database_alias.site_and_engine
 
 SETTINGS = "tests.settings_outbox"
 
