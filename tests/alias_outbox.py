@@ -40,6 +40,7 @@ from django.db.models.signals import post_save  # noqa: E402
 from kumiko_workflows import (  # noqa: E402
     CrossDatabaseTransaction,
     InvalidEvent,
+    OutboxNotMigrated,
     StreamIdentityError,
     append_event,
     cancel_run,
@@ -237,6 +238,21 @@ def race(go: str) -> None:
     print(json.dumps({"relayed": report.relayed, "repeated": report.repeated}), flush=True)
 
 
+def without_table(key: str) -> dict[str, Any]:
+    """Drop the site's outbox table; an append in a site transaction is then refused clearly."""
+    with connections["default"].schema_editor() as editor:
+        editor.delete_model(OutboxEntry)
+    seen: dict[str, Any] = {}
+    with transaction.atomic():
+        try:
+            trigger(key)
+        except OutboxNotMigrated as exc:
+            seen["refused"] = str(exc)
+        Group.objects.create(name=key)  # the transaction is still usable
+    seen["group"] = Group.objects.filter(name=key).exists()
+    return seen
+
+
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "cases":
@@ -249,6 +265,8 @@ if __name__ == "__main__":
         leave(int(args[0]), int(args[1]))
     elif mode == "race":
         race(args[0])
+    elif mode == "without-table":
+        print(json.dumps(without_table(args[0])), flush=True)
     elif mode == "read":
         print(json.dumps(left(args[0])), flush=True)
     elif mode == "streams":

@@ -14,6 +14,7 @@ in order.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -149,9 +150,23 @@ def test_a_process_killed_right_after_its_commit_gets_its_run_from_the_next_pass
     # Committed, not relayed: the site's write and the outbox row, nothing on the engine's.
     left = _json(site_and_engine, "read", key)
     assert left == {**NOTHING, "group": True, "outbox": 1}, left
+    # workflow_status shows the backlog; --check fails once it is older than --max-lag.
+    manage = str(REPO / "manage.py")
+    status = json.loads(_run([manage, "workflow_status", "--json"], site_and_engine))
+    backlog = status["outbox"]["default"]
+    assert (backlog["waiting"], backlog["held"], backlog["last_error"]) == (1, 0, None), backlog
+    assert backlog["oldest_seconds"] >= 0, backlog
+    check = [manage, "workflow_status", "--check", "--json", "--max-heartbeat-age", "off"]
+    verdict = json.loads(_run([*check, "--max-lag", "0.001"], site_and_engine, returncode=1))
+    assert verdict["healthy"] is False and verdict["outbox"]["default"]["waiting"] == 1, verdict
+    assert verdict["problems"][0].startswith("the outbox on 'default' has an append waiting"), (
+        verdict
+    )
 
     assert "relayed=1" in _pass(site_and_engine)
     assert _json(site_and_engine, "read", key) == RELAYED
+    verdict = json.loads(_run([*check, "--max-lag", "0.001"], site_and_engine))
+    assert verdict["outbox"]["default"]["waiting"] == 0, verdict
     # Exactly once: another pass relays nothing, the stream has its one trigger.
     assert "relayed" not in _pass(site_and_engine)
     assert _json(site_and_engine, "read", key) == RELAYED
@@ -198,3 +213,46 @@ def test_racing_relays_relay_each_leftover_once_each_stream_in_order(site_and_en
     assert sum(report["repeated"] for report in reports) == 0, reports
     seqs = _json(site_and_engine, "streams", *streams)
     assert seqs == {stream: list(range(10)) for stream in streams}, seqs
+
+
+@pytest.mark.django_db
+def test_a_missing_outbox_table_is_a_check_error_and_a_clear_refusal(site_and_engine):
+    manage = str(REPO / "manage.py")
+    _run([manage, "check", "--database", "default", "--fail-level", "WARNING"], site_and_engine)
+    seen = _json(site_and_engine, "without-table", f"nt-{uuid.uuid4().hex[:8]}")
+    assert seen["refused"].startswith(
+        "append_event() was called inside a transaction on database 'default', which "
+        "KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] lists, but 'default' has no outbox table"
+    ), seen
+    assert seen["group"] is True, seen
+
+    checked = subprocess.run(
+        [sys.executable, manage, "check", "--database", "default"],
+        cwd=REPO,
+        env=_env(site_and_engine),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 1 and "kumiko_workflows.E057" in checked.stderr, checked.stderr
+    # The migration before the outbox's, whatever its number: faked back, then migrated again.
+    assert re.search(
+        r"migrate kumiko_workflows 00\d\d_\w+ --fake --database default", checked.stderr
+    )
+
+
+def test_outbox_settings_are_checked(settings):
+    from kumiko_workflows.checks import check_settings
+
+    def ids(value):
+        settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "OUTBOX_DATABASES": value}
+        return [
+            error.id
+            for error in check_settings()
+            if error.id in ("kumiko_workflows.E055", "kumiko_workflows.E056")
+        ]
+
+    assert ids(["default"]) == ["kumiko_workflows.E056"]  # the engine's own alias here
+    assert ids("default") == ["kumiko_workflows.E055"]  # a string, not a list
+    assert ids(["nowhere"]) == ["kumiko_workflows.E055"]
+    assert ids([]) == []

@@ -40,7 +40,7 @@ from django.db.models import Count, Exists, F, Min, OuterRef, Q
 from django.db.models.functions import Now
 
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.exceptions import CrossDatabaseTransaction
+from kumiko_workflows.exceptions import CrossDatabaseTransaction, OutboxNotMigrated
 from kumiko_workflows.models import Event, OutboxEntry, RelayedAppend
 from kumiko_workflows.store import db
 
@@ -116,6 +116,7 @@ def enqueue(alias: str, event: Event, append: Append) -> uuid.UUID:
 
     Its relay is registered for after the commit; returns its ``relay_id``.
     """
+    _check_migrated(alias)
     relay_id = uuid.uuid4()
     OutboxEntry.objects.using(alias).create(
         relay_id=relay_id,
@@ -132,6 +133,30 @@ def enqueue(alias: str, event: Event, append: Append) -> uuid.UUID:
     stream = (event.tenant_id, event.aggregate_id)
     transaction.on_commit(lambda: _after_commit(alias, stream, append), using=alias)
     return relay_id
+
+
+#: Aliases whose outbox table was found (looked for once per process and alias).
+_migrated: set[str] = set()
+
+
+def _check_migrated(alias: str) -> None:
+    """Raise :class:`OutboxNotMigrated` if ``alias`` has no outbox table (a read, once).
+
+    A failed insert would abort the caller's transaction on PostgreSQL.
+    """
+    if alias in _migrated:
+        return
+    conn = connections[alias]
+    with conn.cursor() as cursor:
+        found = OutboxEntry._meta.db_table in conn.introspection.table_names(cursor)
+    if not found:
+        raise OutboxNotMigrated(
+            f"append_event() was called inside a transaction on database {alias!r}, which "
+            f"KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] lists, but {alias!r} has no outbox table "
+            f"({OutboxEntry._meta.db_table}). Nothing was written. Run manage.py migrate "
+            f"--database {alias} (and see system check kumiko_workflows.E057)"
+        )
+    _migrated.add(alias)
 
 
 def _after_commit(alias: str, stream: tuple[str, uuid.UUID], append: Append) -> None:
@@ -331,12 +356,18 @@ def sweep() -> int:
     return len(gone)
 
 
-def backlog(alias: str) -> dict[str, Any]:
-    """``alias``'s outbox: rows waiting, rows held after failing, the oldest one's age in seconds.
+def backlog(alias: str, tenant: str | None = None) -> dict[str, Any]:
+    """``alias``'s outbox (of ``tenant``, or all): rows waiting, rows held, the oldest's age.
 
-    The age is read on that database's clock, the one the rows were written with.
+    ``waiting`` counts every row not relayed yet, ``held`` those no longer
+    tried after failing ``MAX_RESUME_ERRORS`` relays; ``oldest_seconds`` is
+    the age of the oldest row, read on that database's clock (the one the
+    rows were written with); ``last_error`` the error of the oldest row
+    whose relay raised.
     """
     rows = OutboxEntry.objects.using(alias)
+    if tenant is not None:
+        rows = rows.filter(tenant_id=tenant)
     counts = rows.aggregate(
         waiting=Count("id"),
         held=Count("id", filter=Q(attempts__gte=_max_attempts())),

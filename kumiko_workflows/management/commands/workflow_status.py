@@ -17,7 +17,7 @@ prints one line (``--json``: an object saying so) and exits 1.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -34,7 +34,7 @@ from kumiko_workflows.operations.versions import (
     version_lines,
     version_table,
 )
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, outbox
 from kumiko_workflows.workflow import clock
 
 
@@ -67,6 +67,7 @@ def status_report(
         "workers": workers(tenant),
     }
     report["cron"] = cron_schedules(tenant, now)
+    report["outbox"] = outbox_backlog(tenant)
     if failed_limit is not None:
         rows = runs.failed().order_by("-finished_at", "-updated_at")[:failed_limit]
         report["failed"] = [
@@ -122,6 +123,45 @@ def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:
         "lag_seconds": round(lag.total_seconds(), 3),
         "lag": humanize(lag),
     }
+
+
+def outbox_backlog(tenant: str | None = None) -> dict[str, dict[str, Any]]:
+    """Each outbox's backlog (``KUMIKO_WORKFLOWS['OUTBOX_DATABASES']``), by alias.
+
+    Appends committed in a site's transaction and not yet relayed to the
+    engine's database: a few for an instant after each commit; more, or an
+    old one, when processes die after their commits and no worker passes,
+    or a relay keeps failing (``held``). An alias that cannot be read says
+    why, and the others are still shown.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for alias in outbox.aliases():
+        try:
+            found[alias] = outbox.backlog(alias, tenant)
+        except (DatabaseError, InterfaceError, KeyError) as exc:
+            found[alias] = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())}
+    return found
+
+
+def outbox_problems(backlogs: dict[str, dict[str, Any]], max_lag: float | None) -> list[str]:
+    """What ``--check`` says of the outboxes: unreadable, rows held, or one older than max_lag."""
+    problems = []
+    for alias, backlog in backlogs.items():
+        if "error" in backlog:
+            problems.append(f"the outbox on {alias!r} cannot be read: {backlog['error']}")
+            continue
+        if backlog["held"]:
+            problems.append(
+                f"the outbox on {alias!r} holds {backlog['held']} append(s) whose relay failed "
+                f"every time (the oldest: {backlog['last_error']})"
+            )
+        age = backlog["oldest_seconds"]
+        if max_lag is not None and age is not None and age > max_lag:
+            problems.append(
+                f"the outbox on {alias!r} has an append waiting {age:g} s to be relayed: more "
+                f"than {max_lag:g} s (no worker passes, or its relay fails)"
+            )
+    return problems
 
 
 def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
@@ -192,9 +232,12 @@ def health(
             f"no worker{where}{serving} has passed in the last {limit:g} s "
             f"(the latest, {freshest['name']}, {freshest['age']} ago)"
         )
+    backlogs = outbox_backlog(tenant)
+    problems.extend(outbox_problems(backlogs, max_lag))
     return {
         "healthy": not problems,
         "problems": problems,
+        "outbox": backlogs,
         "max_lag_seconds": max_lag,
         "max_heartbeat_age_seconds": max_heartbeat_age,
         "oldest_due": due,
@@ -331,6 +374,23 @@ class Command(BaseCommand):
         if "failed" in report:
             self._print_failed(report["failed"])
         print_cron(self, report["cron"])
+        self._print_outbox(report["outbox"])
+
+    def _print_outbox(self, backlogs: dict[str, dict[str, Any]]) -> None:
+        if not backlogs:
+            return  # no outbox configured
+        self.stdout.write(self.style.MIGRATE_HEADING("Outbox") + "  appends not yet relayed")
+        for alias, backlog in backlogs.items():
+            if "error" in backlog:
+                error = f"  {alias}: cannot be read: {backlog['error']}"
+                self.stdout.write(self.style.ERROR(error))
+                continue
+            age = backlog["oldest_seconds"]
+            oldest = "" if age is None else f", the oldest {humanize(timedelta(seconds=age))} old"
+            line = f"  {alias}: {backlog['waiting']} waiting{oldest}"
+            if backlog["held"]:
+                line += f"; {backlog['held']} held after failing: {backlog['last_error']}"
+            self.stdout.write(self.style.WARNING(line) if backlog["held"] else line)
 
     def _print_counts(self, report: dict[str, Any]) -> None:
         scope = f"tenant {report['tenant']!r}" if report["tenant"] else "all tenants"
