@@ -229,6 +229,23 @@ def leave(streams: int, rows: int) -> None:
     raise AssertionError("not killed")
 
 
+def leave_one_too_big() -> None:
+    """Leave two rows of a stream (the first over 1,000 bytes) and one of another; print the ids."""
+    big, other = uuid.uuid4(), uuid.uuid4()
+    print(json.dumps([str(big), str(other)]), flush=True)
+    with transaction.atomic():
+        transaction.on_commit(_die)
+        append_event(big, "t", "t.note", {"seq": 0, "pad": "x" * 2000})
+        append_event(big, "t", "t.note", {"seq": 1})
+        append_event(other, "t", "t.note", {"seq": 0})
+    raise AssertionError("not killed")
+
+
+def requeue() -> None:
+    """What the docs tell an operator to do once the cause is fixed: try held rows again."""
+    OutboxEntry.objects.using("default").filter(attempts__gt=0).update(attempts=0)
+
+
 def race(go: str) -> None:
     connections["default"].ensure_connection()
     connections[ENGINE].ensure_connection()
@@ -263,6 +280,10 @@ if __name__ == "__main__":
         die_in_relay(args[0])
     elif mode == "leave":
         leave(int(args[0]), int(args[1]))
+    elif mode == "leave-one-too-big":
+        leave_one_too_big()
+    elif mode == "requeue":
+        requeue()
     elif mode == "race":
         race(args[0])
     elif mode == "without-table":

@@ -32,21 +32,22 @@ site_and_engine = test_database_alias.site_and_engine
 SETTINGS = "tests.settings_outbox"
 
 
-def _env(names):
+def _env(names, **extra):
     env = subprocess_env(
         DJANGO_SETTINGS_MODULE=SETTINGS,
         KUMIKO_TEST_ALIAS_DEFAULT=names[0],
         KUMIKO_TEST_ALIAS_WORKFLOWS=names[1],
+        **extra,
     )
     env.pop("KUMIKO_TEST_DB_NAME", None)
     return env
 
 
-def _run(args, names, timeout=180, returncode=0):
+def _run(args, names, timeout=180, returncode=0, **extra):
     result = subprocess.run(
         [sys.executable, *args],
         cwd=REPO,
-        env=_env(names),
+        env=_env(names, **extra),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -64,9 +65,10 @@ def _killed(names, *args):
     return _run(["-m", "tests.alias_outbox", *args], names, returncode=-signal.SIGKILL)
 
 
-def _pass(names):
+def _pass(names, returncode=0, **extra):
     """One worker pass, a process of its own (``manage.py resume_due_runs``); its summary."""
-    out = _run([str(REPO / "manage.py"), "resume_due_runs", "--no-cron"], names)
+    manage = str(REPO / "manage.py")
+    out = _run([manage, "resume_due_runs", "--no-cron"], names, returncode=returncode, **extra)
     return out.strip().splitlines()[-1]
 
 
@@ -256,3 +258,38 @@ def test_outbox_settings_are_checked(settings):
     assert ids("default") == ["kumiko_workflows.E055"]  # a string, not a list
     assert ids(["nowhere"]) == ["kumiko_workflows.E055"]
     assert ids([]) == []
+
+
+@pytest.mark.django_db
+def test_a_relay_that_keeps_failing_holds_its_row_visibly_and_its_stream_waits(site_and_engine):
+    big, other = json.loads(_killed(site_and_engine, "leave-one-too-big").strip().splitlines()[0])
+    # The relaying processes' limit is lower than the caller's was: the first row of the
+    # big stream fails each pass (the command exits 1, saying so); its stream's second
+    # row waits behind it; the other stream is relayed.
+    smaller = {"KUMIKO_TEST_MAX_PAYLOAD_BYTES": "1000"}
+    summaries = [_pass(site_and_engine, returncode=1, **smaller) for _ in range(3)]
+    assert "relayed=1 relay_errors=1" in summaries[0], summaries
+    assert all("relay_errors=1" in line for line in summaries[1:]), summaries
+    # Held after MAX_RESUME_ERRORS (3) failures: no longer tried, shown, --check fails.
+    assert "relay" not in _pass(site_and_engine, **smaller)
+    manage = str(REPO / "manage.py")
+    backlog = json.loads(_run([manage, "workflow_status", "--json"], site_and_engine))["outbox"]
+    assert (backlog["default"]["waiting"], backlog["default"]["held"]) == (2, 1), backlog
+    assert backlog["default"]["last_error"].startswith("InvalidEvent: payload is "), backlog
+    check = [manage, "workflow_status", "--check", "--max-heartbeat-age", "off"]
+    unhealthy = subprocess.run(
+        [sys.executable, *check],
+        cwd=REPO,
+        env=_env(site_and_engine),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unhealthy.returncode == 1, unhealthy.stderr
+    assert "the outbox on 'default' holds 1 append(s) whose relay failed" in unhealthy.stderr
+    assert _json(site_and_engine, "streams", big, other) == {big: [], other: [0]}
+
+    # The cause fixed (the limit back), the rows tried again: both, in order.
+    _run(["-m", "tests.alias_outbox", "requeue"], site_and_engine)
+    assert "relayed=2" in _pass(site_and_engine)
+    assert _json(site_and_engine, "streams", big, other) == {big: [0, 1], other: [0]}

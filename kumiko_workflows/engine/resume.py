@@ -99,6 +99,8 @@ class ResumeReport:
     left: int = 0
     #: Appends a process left in an outbox (it died after its commit), relayed first.
     relayed: int = 0
+    #: Outbox rows whose relay raised (kept; see the log), or 1 when an outbox could not be read.
+    relay_errors: int = 0
 
     def add(self, other: ResumeReport) -> None:
         for field in fields(self):
@@ -114,7 +116,7 @@ class ResumeReport:
     def __str__(self) -> str:
         # ``left`` only when some were: it happens during a deploy, and says so.
         items = self.as_dict()
-        for quiet in ("left", "relayed"):  # only when some were
+        for quiet in ("left", "relayed", "relay_errors"):  # only when some were
             if not items[quiet]:
                 del items[quiet]
         return " ".join(f"{key}={value}" for key, value in items.items())
@@ -320,7 +322,9 @@ def resume_due_runs(
     report = ResumeReport()
     # Appends committed in a site's transaction whose process died before
     # relaying them, first: the runs they start or wake take part in this pass.
-    report.relayed = _relay_outboxes([tenant_id] if tenant_id is not None else tenants)
+    report.relayed, report.relay_errors = _relay_outboxes(
+        [tenant_id] if tenant_id is not None else tenants
+    )
     for checked in [tenant_id] if tenants is None else list(tenants):
         decide_waiting_checks(checked)
     # Each tenant's rows due when it joins the pass are picked; each runs at
@@ -356,17 +360,17 @@ def refuse_foreign_transaction() -> None:
         )
 
 
-def _relay_outboxes(tenants: Sequence[str] | None) -> int:
-    """Relay what processes left in the outboxes; how many (0 when it cannot now)."""
+def _relay_outboxes(tenants: Sequence[str] | None) -> tuple[int, int]:
+    """Relay what processes left in the outboxes: (rows relayed, errors)."""
     try:
-        relayed = relay_outboxes(tenants).relayed
+        relayed = relay_outboxes(tenants)
     except Exception:
         if db.connection_broken():
             raise
         # An outbox not migrated or unreachable: resuming goes on all the same.
         logger.exception("the outboxes could not be relayed; the next pass tries again")
-        return 0
-    return relayed
+        return 0, 1
+    return relayed.relayed, relayed.failed
 
 
 def _take_turns(

@@ -72,7 +72,7 @@ class PassResult:
 
     @property
     def errors(self) -> int:
-        return self.report.errors + self.cron_errors
+        return self.report.errors + self.cron_errors + self.report.relay_errors
 
     @property
     def idle(self) -> bool:
@@ -405,7 +405,7 @@ class Worker:
         self.totals.add(report)
         self.fired += fired
         self.passes += 1
-        self.errors += report.errors
+        self.errors += report.errors + report.relay_errors
         self.errors += cron_errors
         result = PassResult(report, fired, cron_errors, redelivered)
         telemetry.worker_pass(report.errors, cron_errors)

@@ -131,7 +131,10 @@ def enqueue(alias: str, event: Event, append: Append) -> uuid.UUID:
         created_at=event.created_at,
     )
     stream = (event.tenant_id, event.aggregate_id)
-    transaction.on_commit(lambda: _after_commit(alias, stream, append), using=alias)
+    if connections[alias].in_atomic_block:
+        transaction.on_commit(lambda: _after_commit(alias, stream, append), using=alias)
+    # (Under manual transaction management, with no atomic block, Django has no
+    # after-commit callback: the next resume pass relays the row.)
     return relay_id
 
 
