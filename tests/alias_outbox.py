@@ -12,8 +12,8 @@ helpers this uses.
     the relay's commit on the engine's database, before the outbox row is deleted.
 ``python -m tests.alias_outbox leave STREAMS ROWS``  leaves STREAMS x ROWS plain
     appends in the outbox (killed after the commit) and prints their stream ids.
-``python -m tests.alias_outbox race GO``  waits for the file GO, then relays; prints
-    how many it relayed.
+``python -m tests.alias_outbox race GO BATCH``  waits for the file GO, then relays,
+    BATCH rows a round; prints how many it relayed.
 ``python -m tests.alias_outbox read KEY``       one JSON line: what KEY's case left.
 ``python -m tests.alias_outbox streams ID...``  one JSON line: each stream's ``seq`` values
     in version order.
@@ -246,7 +246,9 @@ def requeue() -> None:
     OutboxEntry.objects.using("default").filter(attempts__gt=0).update(attempts=0)
 
 
-def race(go: str) -> None:
+def race(go: str, batch: int) -> None:
+    # Smaller rounds than the default, so that racers meet again and again.
+    outbox.RELAY_BATCH = batch
     connections["default"].ensure_connection()
     connections[ENGINE].ensure_connection()
     while not os.path.exists(go):
@@ -285,7 +287,7 @@ if __name__ == "__main__":
     elif mode == "requeue":
         requeue()
     elif mode == "race":
-        race(args[0])
+        race(args[0], int(args[1]))
     elif mode == "without-table":
         print(json.dumps(without_table(args[0])), flush=True)
     elif mode == "read":

@@ -191,11 +191,12 @@ def test_a_relay_killed_after_the_engines_commit_appends_nothing_twice(site_and_
 @pytest.mark.postgres
 @pytest.mark.django_db
 def test_racing_relays_relay_each_leftover_once_each_stream_in_order(site_and_engine, tmp_path):
-    streams = json.loads(_killed(site_and_engine, "leave", "20", "10").strip().splitlines()[0])
+    # 900 leftovers: 300 streams of 3 rows; 4 racers taking 25 rows a round.
+    streams = json.loads(_killed(site_and_engine, "leave", "300", "3").strip().splitlines()[0])
     go = tmp_path / "go"
     racers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.alias_outbox", "race", str(go)],
+            [sys.executable, "-m", "tests.alias_outbox", "race", str(go), "25"],
             cwd=REPO,
             env=_env(site_and_engine),
             stdout=subprocess.PIPE,
@@ -211,10 +212,14 @@ def test_racing_relays_relay_each_leftover_once_each_stream_in_order(site_and_en
         assert racer.returncode == 0, err[-3000:]
         reports.append(json.loads(out.strip().splitlines()[-1]))
 
-    assert sum(report["relayed"] for report in reports) == 200, reports
+    # Each relayed once (none found relayed already: SKIP LOCKED kept the racers apart),
+    # shared out between them, each stream in order.
+    assert sum(report["relayed"] for report in reports) == 900, reports
     assert sum(report["repeated"] for report in reports) == 0, reports
+    assert sum(1 for report in reports if report["relayed"]) >= 2, reports
     seqs = _json(site_and_engine, "streams", *streams)
-    assert seqs == {stream: list(range(10)) for stream in streams}, seqs
+    assert seqs == {stream: [0, 1, 2] for stream in streams}, seqs
+    assert _json(site_and_engine, "read", "none")["records"] == 0
 
 
 @pytest.mark.django_db
