@@ -33,6 +33,7 @@ from kumiko_workflows.models import (
     Event,
     OutboxEntry,
     PurgedRun,
+    RelayedAppend,
     SignalDelivery,
     WorkflowRun,
     WorkflowRunPending,
@@ -991,6 +992,47 @@ def take_outbox_lock(using: str) -> None:
         cursor.execute(
             f"DELETE FROM {conn.ops.quote_name(OutboxEntry._meta.db_table)} WHERE id = -1"  # noqa: S608
         )
+
+
+def record_relay(relay_id: Any, source: str) -> bool:
+    """Record that the outbox row ``relay_id`` of ``source`` is appended; False if it was.
+
+    In the engine's transaction of the append: one statement, which waits
+    for a racing relay's uncommitted record of the same row, if any.
+    """
+    conn = engine()
+
+    def build() -> str:
+        table = conn.ops.quote_name(RelayedAppend._meta.db_table)
+        return (
+            f"INSERT INTO {table} (relay_id, source, relayed_at) "  # noqa: S608
+            f"VALUES (%s, %s, {_now_sql(conn, with_params=True)}) "
+            "ON CONFLICT (relay_id) DO NOTHING"
+        )
+
+    field = RelayedAppend._meta.get_field("relay_id")
+    with conn.cursor() as cursor:
+        cursor.execute(
+            statement(("record_relay",), build), [field.get_db_prep_value(relay_id, conn), source]
+        )
+        return cursor.rowcount == 1
+
+
+def forget_relays(relay_ids: Sequence[Any]) -> None:
+    """Delete the records of relayed outbox rows whose deletion has committed, lazily.
+
+    Without waiting for the engine's database to make the deletion durable
+    (PostgreSQL's ``synchronous_commit`` off for this transaction): a record
+    a crash brings back is harmless (its outbox row is gone; the pass's
+    sweep deletes it), and the relay's round trip shrinks to one that does
+    not wait on the disk.
+    """
+    conn = engine()
+    with transaction.atomic(using=conn.alias):
+        if conn.vendor == "postgresql":
+            with conn.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        RelayedAppend.objects.filter(relay_id__in=list(relay_ids)).delete()
 
 
 # --- deployed definitions (engine/deploys) -------------------------------------

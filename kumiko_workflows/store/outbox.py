@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
@@ -212,36 +212,42 @@ def relay(
 ) -> RelayReport:
     """Relay ``alias``'s outbox (of ``streams``, of ``tenants``, or all), oldest first.
 
-    Each round takes, in a transaction on ``alias``, the oldest row of each
-    stream that no other relay holds (up to :data:`RELAY_BATCH`), appends
-    them in one transaction on the engine's database (each in a savepoint,
-    its ``relay_id`` recorded with it), then deletes them, and commits; then
-    the next round. A row whose append raises stays, its ``attempts`` and
-    ``last_error`` noted, and holds back its stream's later rows; after
+    In one transaction on ``alias``, each round takes the oldest row of
+    each stream that no other relay holds (up to :data:`RELAY_BATCH`),
+    appends them in one transaction on the engine's database (each in a
+    savepoint, its ``relay_id`` recorded with it), and deletes them; then
+    the next round, until none is left; then the commit. A row whose
+    append raises stays, its ``attempts`` and ``last_error`` noted, and
+    holds back its stream's later rows; after
     ``MAX_RESUME_ERRORS`` of them it is no longer tried (``workflow_status``
     shows it). A database error (the engine's down) rolls the round back
     and propagates: the rows wait.
     """
     report = RelayReport()
     tried: set[int] = set()  # rows that raised in this relay: not again in it
-    while limit is None or report.taken < limit:
-        size = RELAY_BATCH if limit is None else min(RELAY_BATCH, limit - report.taken)
-        with transaction.atomic(using=alias):
-            db.take_outbox_lock(alias)
+    relayed: list[uuid.UUID] = []
+    # One transaction here for every round: a round's rows, deleted in it, make
+    # their streams' next rows the oldest for the next round. (A relay killed
+    # before its commit leaves them all, each with its record: appended once.)
+    with transaction.atomic(using=alias):
+        db.take_outbox_lock(alias)
+        rows = OutboxEntry.objects.using(alias)
+        while limit is None or report.taken < limit:
+            size = RELAY_BATCH if limit is None else min(RELAY_BATCH, limit - report.taken)
             heads = list(_heads(alias, streams, tenants, tried)[:size])
             if not heads:
                 break
             done, failed = _append_all(alias, heads, append, report)
-            rows = OutboxEntry.objects.using(alias)
             if done:
                 rows.filter(id__in=[entry.id for entry in done]).delete()
+                relayed.extend(entry.relay_id for entry in done)
             for entry, error in failed:
                 rows.filter(id=entry.id).update(attempts=F("attempts") + 1, last_error=error)
-        # The outbox rows are gone: their records are needed no more (a relay
-        # killed before this leaves them to the sweep).
-        if done:
-            RelayedAppend.objects.filter(relay_id__in=[entry.relay_id for entry in done]).delete()
-        tried.update(entry.id for entry, _ in failed)
+                tried.add(entry.id)
+    # The outbox rows are gone: their records are needed no more (a relay
+    # killed before this leaves them to the sweep).
+    if relayed:
+        db.forget_relays(relayed)
     return report
 
 
@@ -278,37 +284,55 @@ def _max_attempts() -> int:
 def _append_all(
     alias: str, heads: list[OutboxEntry], append: Append, report: RelayReport
 ) -> tuple[list[OutboxEntry], list[tuple[OutboxEntry, str]]]:
-    """Append ``heads`` in one transaction on the engine's database: (done, failed with why)."""
+    """Append ``heads`` in one transaction on the engine's database: (done, failed with why).
+
+    Each row in a savepoint of its own, so that one that raises leaves the
+    others appended; a lone row's transaction is its savepoint.
+    """
+    isolated = len(heads) > 1
     done: list[OutboxEntry] = []
     failed: list[tuple[OutboxEntry, str]] = []
-    with db.atomic(), _relaying_now():
-        for entry in heads:
-            try:
-                with db.atomic():
-                    if RelayedAppend.objects.filter(relay_id=entry.relay_id).exists():
-                        report.repeated += 1  # appended by a relay that died before the delete
-                    else:
-                        RelayedAppend.objects.create(relay_id=entry.relay_id, source=alias)
-                        append(entry)
-                        report.relayed += 1
-            except Exception as exc:
-                if db.connection_broken():
-                    raise
-                logger.exception(
-                    "outbox=%s relay=%s stream=%s: the append raised %s; the row stays (attempt "
-                    "%s of %s) and holds back its stream's later rows",
-                    alias,
-                    entry.relay_id,
-                    entry.aggregate_id,
-                    type(exc).__name__,
-                    entry.attempts + 1,
-                    _max_attempts(),
-                )
-                failed.append((entry, f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]))
-                report.failed += 1
-            else:
-                done.append(entry)
+    counts = RelayReport()
+    try:
+        with db.atomic(), _relaying_now():
+            for entry in heads:
+                try:
+                    with db.atomic() if isolated else nullcontext():
+                        # False: appended by a relay that died before deleting the row.
+                        fresh = db.record_relay(entry.relay_id, alias)
+                        if fresh:
+                            append(entry)
+                except Exception as exc:
+                    if not isolated or db.connection_broken():
+                        raise
+                    failed.append((entry, _failure(alias, entry, exc)))
+                else:
+                    done.append(entry)
+                    counts.relayed += fresh
+                    counts.repeated += not fresh
+    except Exception as exc:
+        if isolated or db.connection_broken():
+            raise
+        done, failed, counts = [], [(heads[0], _failure(alias, heads[0], exc))], RelayReport()
+    counts.failed = len(failed)
+    report.add(counts)
     return done, failed
+
+
+def _failure(alias: str, entry: OutboxEntry, exc: Exception) -> str:
+    """Log the failed relay of ``entry``; the error as noted on its row."""
+    logger.error(
+        "outbox=%s relay=%s stream=%s: the append raised %s; the row stays (attempt %s of %s) "
+        "and holds back its stream's later rows",
+        alias,
+        entry.relay_id,
+        entry.aggregate_id,
+        type(exc).__name__,
+        entry.attempts + 1,
+        _max_attempts(),
+        exc_info=exc,
+    )
+    return f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
 
 
 def relay_leftovers(
