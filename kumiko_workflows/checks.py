@@ -6,11 +6,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.core import checks
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.operations import CreateModel
 
 from kumiko_workflows.conf import DEFAULTS, import_callable, workflow_settings
-from kumiko_workflows.operations.purge import retention_problem
-from kumiko_workflows.store.events import name_problem
-from kumiko_workflows.workflow.definition import registry, validate
+from kumiko_workflows.models import OutboxEntry
+from kumiko_workflows.operations.cutoff import retention_problem
+from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.store.outbox import aliases
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.validation import validate
 
 
 @checks.register("kumiko_workflows")
@@ -220,12 +226,6 @@ def check_outbox_tables(
     it off, or ``migrate --fake``), would fail every append made in its
     transactions.
     """
-    from django.db import connections
-    from django.db.migrations.executor import MigrationExecutor
-
-    from kumiko_workflows.models import OutboxEntry
-    from kumiko_workflows.store.outbox import aliases
-
     errors: list[checks.CheckMessage] = []
     table = OutboxEntry._meta.db_table
     for alias in aliases():
@@ -260,8 +260,6 @@ APP = "kumiko_workflows"
 
 def _before_outbox(executor: Any) -> str:
     """The name of the migration before the one that creates the outbox table."""
-    from django.db.migrations.operations import CreateModel
-
     for (app, _), migration in executor.loader.disk_migrations.items():
         creates = any(
             isinstance(op, CreateModel) and op.name == "OutboxEntry" for op in migration.operations

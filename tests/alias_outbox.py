@@ -49,7 +49,6 @@ from kumiko_workflows import (  # noqa: E402
 )
 from kumiko_workflows.models import Event, OutboxEntry, RelayedAppend  # noqa: E402
 from kumiko_workflows.store import outbox  # noqa: E402
-from kumiko_workflows.store.events import relay_outboxes  # noqa: E402
 from tests import alias_atomic  # noqa: E402 (listens to run_started and run_suspended)
 
 ENGINE = alias_atomic.ENGINE
@@ -253,7 +252,7 @@ def race(go: str, batch: int) -> None:
     connections[ENGINE].ensure_connection()
     while not os.path.exists(go):
         time.sleep(0.005)
-    report = relay_outboxes()
+    report = outbox.relay_leftovers(append_event)
     print(json.dumps({"relayed": report.relayed, "repeated": report.repeated}), flush=True)
 
 

@@ -141,7 +141,7 @@ def test_what_is_atomic_with_what_when_the_engine_has_a_database_of_its_own(site
     ), refused
     assert "transaction.atomic(using='workflows')" in refused["refused"]
     # ... and the outbox that would make the append join the site's transaction.
-    assert "list 'default' in KUMIKO_WORKFLOWS['OUTBOX_DATABASES']" in refused["refused"]
+    assert "List 'default' in KUMIKO_WORKFLOWS['OUTBOX_DATABASES']" in refused["refused"]
     # Caught, it leaves the caller's transaction usable (and opens none on the engine's).
     caught = seen["refused_caught"]
     assert (caught["caught"], caught["engine_in_transaction"]) == (

@@ -42,7 +42,7 @@ from django.db.models.functions import Now
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import CrossDatabaseTransaction, OutboxNotMigrated
 from kumiko_workflows.models import Event, OutboxEntry, RelayedAppend
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, statements
 
 logger = logging.getLogger("kumiko_workflows.outbox")
 
@@ -58,9 +58,10 @@ _ERROR_CHARS = 2000
 
 _relaying: ContextVar[bool] = ContextVar("kumiko_workflows_relaying", default=False)
 
-#: ``append(entry)``: appends the outbox row ``entry`` to the engine's
-#: database, inside the relay's transaction there (the event store's own).
-Append = Callable[[OutboxEntry], Any]
+#: The event store's ``append_event``: the relay appends each row with it
+#: (checked again, as a setting may have changed since), inside the relay's
+#: transaction on the engine's database, where it appends directly.
+Append = Callable[..., Event]
 
 
 def aliases() -> tuple[str, ...]:
@@ -109,6 +110,28 @@ def alias_for_append() -> str | None:
             f"written. Make the call inside a transaction on one of them"
         )
     return chosen[0]
+
+
+def refusal_hint(alias: str) -> str:
+    """The outbox's way out, for the refusal of an append in ``alias``'s transaction alone."""
+    return (
+        f"List {alias!r} in KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] (and run manage.py migrate "
+        f"--database {alias}) so that appends join its transactions through an outbox there. "
+    )
+
+
+def refuse_expected_version(alias: str, expected_version: int | None) -> None:
+    """Refuse (:class:`CrossDatabaseTransaction`) an ``expected_version`` an outbox cannot check."""
+    if expected_version is None:
+        return
+    raise CrossDatabaseTransaction(
+        f"append_event() with expected_version={expected_version} was called inside a "
+        f"transaction on database {alias!r}: the append goes to its outbox "
+        f"(KUMIKO_WORKFLOWS['OUTBOX_DATABASES']) and reaches the engine's database only "
+        f"after your commit, when the stream's version may have moved, so it cannot be "
+        f"checked now. Nothing was written. Append without expected_version there, or make "
+        f"the checked append outside that transaction"
+    )
 
 
 def enqueue(alias: str, event: Event, append: Append) -> uuid.UUID:
@@ -230,7 +253,7 @@ def relay(
     # their streams' next rows the oldest for the next round. (A relay killed
     # before its commit leaves them all, each with its record: appended once.)
     with transaction.atomic(using=alias):
-        db.take_outbox_lock(alias)
+        statements.take_outbox_lock(alias)
         rows = OutboxEntry.objects.using(alias)
         while limit is None or report.taken < limit:
             size = RELAY_BATCH if limit is None else min(RELAY_BATCH, limit - report.taken)
@@ -247,7 +270,7 @@ def relay(
     # The outbox rows are gone: their records are needed no more (a relay
     # killed before this leaves them to the sweep).
     if relayed:
-        db.forget_relays(relayed)
+        statements.forget_relays(relayed)
     return report
 
 
@@ -299,9 +322,9 @@ def _append_all(
                 try:
                     with db.atomic() if isolated else nullcontext():
                         # False: appended by a relay that died before deleting the row.
-                        fresh = db.record_relay(entry.relay_id, alias)
+                        fresh = statements.record_relay(entry.relay_id, alias)
                         if fresh:
-                            append(entry)
+                            _append_entry(append, entry)
                 except Exception as exc:
                     if not isolated or db.connection_broken():
                         raise
@@ -317,6 +340,23 @@ def _append_all(
     counts.failed = len(failed)
     report.add(counts)
     return done, failed
+
+
+def _append_entry(append: Append, entry: OutboxEntry) -> Event:
+    """Append the outbox row ``entry`` as it was asked for (``savepoint``: the relay's own)."""
+    return append(
+        entry.aggregate_id,
+        entry.aggregate_type,
+        entry.type,
+        entry.payload,
+        entry.tenant_id,
+        None,
+        entry.metadata,
+        entry.created_by,
+        event_version=entry.event_version,
+        created_at=entry.created_at,
+        savepoint=False,
+    )
 
 
 def _failure(alias: str, entry: OutboxEntry, exc: Exception) -> str:
