@@ -240,6 +240,21 @@ def leave_one_too_big() -> None:
     raise AssertionError("not killed")
 
 
+def admin_outbox() -> dict[str, Any]:
+    """What the admin's run list says of the outbox (a superuser's view)."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    name = f"admin-{uuid.uuid4().hex[:8]}"
+    User.objects.create_superuser(name, "a@example.com", "pw")
+    client = Client()
+    client.login(username=name, password="pw")
+    response = client.get("/admin/kumiko_workflows/workflowrun/")
+    page = response.content.decode()
+    shown = page.split('id="kw-outbox"', 1)[1].split("</div>", 1)[0] if "kw-outbox" in page else ""
+    return {"status": response.status_code, "outbox": shown}
+
+
 def requeue() -> None:
     """What the docs tell an operator to do once the cause is fixed: try held rows again."""
     OutboxEntry.objects.using("default").filter(attempts__gt=0).update(attempts=0)
@@ -283,6 +298,8 @@ if __name__ == "__main__":
         leave(int(args[0]), int(args[1]))
     elif mode == "leave-one-too-big":
         leave_one_too_big()
+    elif mode == "admin-outbox":
+        print(json.dumps(admin_outbox()), flush=True)
     elif mode == "requeue":
         requeue()
     elif mode == "race":

@@ -293,8 +293,13 @@ def test_a_relay_that_keeps_failing_holds_its_row_visibly_and_its_stream_waits(s
     assert unhealthy.returncode == 1, unhealthy.stderr
     assert "the outbox on 'default' holds 1 append(s) whose relay failed" in unhealthy.stderr
     assert _json(site_and_engine, "streams", big, other) == {big: [], other: [0]}
+    # The admin's run list says so, above the runs.
+    admin = _json(site_and_engine, "admin-outbox")
+    assert admin["status"] == 200, admin
+    assert "the outbox on &#x27;default&#x27; holds 1 append(s)" in admin["outbox"], admin
 
     # The cause fixed (the limit back), the rows tried again: both, in order.
     _run(["-m", "tests.alias_outbox", "requeue"], site_and_engine)
     assert "relayed=2" in _pass(site_and_engine)
     assert _json(site_and_engine, "streams", big, other) == {big: [0, 1], other: [0]}
+    assert _json(site_and_engine, "admin-outbox") == {"status": 200, "outbox": ""}
