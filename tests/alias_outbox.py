@@ -166,6 +166,9 @@ def refusals(key: str) -> dict[str, Any]:
             cancel_run(run_id_for("t-wait", key), "no")
         except CrossDatabaseTransaction as exc:
             seen["cancel_run"] = str(exc)
+    # Inside transactions on both (a test case's), the pass goes on, held by both.
+    with transaction.atomic(using=ENGINE), transaction.atomic():
+        seen["pass_in_both"] = str(resume_due_runs())
     return seen
 
 

@@ -137,6 +137,7 @@ def test_an_append_in_the_sites_transaction_commits_and_rolls_back_with_it(site_
         "resume_due_runs() was called inside a transaction on database 'default'"
     ), refusals
     assert refusals["cancel_run"].startswith("cancel_run() was called inside a transaction")
+    assert refusals["pass_in_both"].startswith("resumed=0"), refusals
 
     # The leftover of the rolled-back engine block: the next pass relays it.
     assert "relayed=1" in _pass(site_and_engine)

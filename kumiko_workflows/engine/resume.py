@@ -165,17 +165,20 @@ def resume_due_runs(
 def refuse_foreign_transaction() -> None:
     """Refuse (:class:`CrossDatabaseTransaction`) a pass inside a transaction on another alias.
 
-    The pass commits its own transactions on the engine's alias; steps it
-    runs that write to that other database would write inside the caller's
-    transaction there, kept or rolled back apart from the runs they belong to.
+    With none open on the engine's alias: the pass commits its batches there
+    as it goes, while the writes its steps make to that other database would
+    wait for the caller's transaction, and roll back with it, apart from the
+    runs they belong to. (With one open on the engine's too, as a test case's,
+    both hold everything the pass does, and commit or roll back with the
+    caller.)
     """
-    elsewhere = db.transactions_elsewhere()
-    if elsewhere:
+    other = db.foreign_transaction()
+    if other is not None:
         raise CrossDatabaseTransaction(
-            f"resume_due_runs() was called inside a transaction on database {elsewhere[0]!r}: "
-            f"the pass commits its runs on the engine's database ({db.alias()!r}) as it goes, "
-            f"while the steps' writes to {elsewhere[0]!r} would wait for your transaction "
-            f"there, and roll back with it. Nothing was done. Call it outside any transaction"
+            f"resume_due_runs() was called inside a transaction on database {other!r}: the "
+            f"pass commits its runs on the engine's database ({db.alias()!r}) as it goes, "
+            f"while the steps' writes to {other!r} would wait for your transaction there, "
+            f"and roll back with it. Nothing was done. Call it outside any transaction"
         )
 
 
