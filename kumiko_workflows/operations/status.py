@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError
 from django.db.models import Count
+from django.utils.connection import ConnectionDoesNotExist
 
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
@@ -126,7 +127,7 @@ def outbox_backlog(tenant: str | None = None) -> dict[str, dict[str, Any]]:
     for alias in outbox.aliases():
         try:
             found[alias] = outbox.backlog(alias, tenant)
-        except (DatabaseError, InterfaceError, KeyError) as exc:
+        except (DatabaseError, InterfaceError, ConnectionDoesNotExist) as exc:
             found[alias] = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())}
     return found
 
