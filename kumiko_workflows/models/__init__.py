@@ -8,7 +8,9 @@ and ``WorkflowRunPending`` (one row per suspended step: when it is due,
 engine's bookkeeping (tombstones, heartbeats, the signals' outbox, deployed
 definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`;
 the flow-control slots (``LimitSlot``, ``RateSlot``, projections too) are
-:mod:`~kumiko_workflows.models.limits`.
+:mod:`~kumiko_workflows.models.limits`;
+the outbox on the site's databases and its relays' records,
+:mod:`~kumiko_workflows.models.outbox`.
 Django finds every model here, as ``kumiko_workflows.models``.
 """
 
@@ -23,6 +25,7 @@ from kumiko_workflows.models.bookkeeping import (
 )
 from kumiko_workflows.models.events import Event, EventQuerySet
 from kumiko_workflows.models.limits import LimitSlot, RateSlot
+from kumiko_workflows.models.outbox import OutboxEntry, RelayedAppend
 from kumiko_workflows.models.pending import (
     KEYED_BATCH,
     WakeCheck,
@@ -45,8 +48,10 @@ __all__ = [
     "DeployedDefinition",
     "Event",
     "EventQuerySet",
+    "OutboxEntry",
     "PurgedRun",
     "RateSlot",
+    "RelayedAppend",
     "RunStatus",
     "SignalDelivery",
     "SuspensionType",

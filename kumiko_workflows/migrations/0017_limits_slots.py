@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("kumiko_workflows", "0015_task_attempt"),
+        ("kumiko_workflows", "0016_outbox_outbox"),
     ]
 
     operations = [
