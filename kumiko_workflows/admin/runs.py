@@ -72,7 +72,14 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
         "search",
         "updated",
     )
-    list_filter = ("status", FailureReasonFilter, "workflow_name", "workflow_version", "tenant_id")
+    list_filter = (
+        "status",
+        FailureReasonFilter,
+        "suspension_type",  # "queued for a concurrency slot", "waiting for its rate limit", ...
+        "workflow_name",
+        "workflow_version",
+        "tenant_id",
+    )
     search_fields = ("search_key",)
     search_help_text = (
         "A run id (whole, or its first 8 characters), or a search key, exactly: the "

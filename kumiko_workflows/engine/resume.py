@@ -263,7 +263,8 @@ def turn_share(tenant: str) -> int:
 
 def _commits_per_run(row: WorkflowRunPending) -> bool:
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)
-    return workflow is not None and workflow.commit == "per_run"
+    # A limited workflow's run commits at once: its slot frees at the commit.
+    return workflow is not None and (workflow.commit == "per_run" or workflow.limited)
 
 
 class _Unwound(Exception):

@@ -8,7 +8,9 @@ and ``WorkflowRunPending`` (one row per suspended step: when it is due,
 engine's bookkeeping (tombstones, heartbeats, the signals' outbox, deployed
 definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`;
 the outbox on the site's databases and its relays' records,
-:mod:`~kumiko_workflows.models.outbox`.
+:mod:`~kumiko_workflows.models.outbox`; the flow-control slots
+(``LimitSlot``, ``RateSlot``, projections too),
+:mod:`~kumiko_workflows.models.limits`.
 Django finds every model here, as ``kumiko_workflows.models``.
 """
 
@@ -22,6 +24,7 @@ from kumiko_workflows.models.bookkeeping import (
     WorkerHeartbeat,
 )
 from kumiko_workflows.models.events import Event, EventQuerySet
+from kumiko_workflows.models.limits import LimitSlot, RateSlot
 from kumiko_workflows.models.outbox import OutboxEntry, RelayedAppend
 from kumiko_workflows.models.pending import (
     KEYED_BATCH,
@@ -40,12 +43,14 @@ from kumiko_workflows.models.runs import (
 
 __all__ = [
     "KEYED_BATCH",
+    "LimitSlot",
     "SETTLED_STATUSES",
     "DeployedDefinition",
     "Event",
     "EventQuerySet",
     "OutboxEntry",
     "PurgedRun",
+    "RateSlot",
     "RelayedAppend",
     "RunStatus",
     "SignalDelivery",

@@ -20,6 +20,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import humanize, step_label
+from kumiko_workflows.operations.limits import queued_by_key, rate_waiting
 from kumiko_workflows.operations.versions import (
     stale_workers,
     version_table,
@@ -54,6 +55,8 @@ def status_report(
             "due_by_tenant": due_by_tenant(tenant, now),
         },
         "workers": workers(tenant),
+        # Runs a concurrency limit queues (per key) or a rate limit holds back, and why.
+        "flow_control": {"queued": queued_by_key(tenant), "rate": rate_waiting(tenant, now)},
     }
     report["cron"] = cron_schedules(tenant, now)
     report["outbox"] = outbox_backlog(tenant)
