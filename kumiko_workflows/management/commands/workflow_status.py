@@ -26,15 +26,15 @@ from django.db.models import Count
 
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.management.arguments import positive_int, seconds_or_off
-from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
-from kumiko_workflows.operations.explain import humanize, step_label
+from kumiko_workflows.models import RunStatus, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.operations.dashboard import due_by_tenant, oldest_due, workers
+from kumiko_workflows.operations.explain import step_label
 from kumiko_workflows.operations.versions import (
     VersionRow,
     stale_workers,
     version_lines,
     version_table,
 )
-from kumiko_workflows.store import db
 from kumiko_workflows.workflow import clock
 
 
@@ -85,74 +85,6 @@ def status_report(
             for run in rows
         ]
     return report
-
-
-#: Due rows counted per tenant up to this many (the due-backlog gauge's cap).
-DUE_CAP = 100_000
-
-
-def due_by_tenant(tenant: str | None, now: datetime) -> dict[str, int]:
-    """The backlog per tenant: due rows of each tenant that has some, largest first.
-
-    Counted up to :data:`DUE_CAP` each, one index range per tenant (see
-    ``db.due_backlog``). A pass takes a turn of each of them in turn.
-    """
-    rows = [
-        (each, count)
-        for each, count in db.due_backlog(now, DUE_CAP)
-        if count and (tenant is None or each == tenant)
-    ]
-    return dict(sorted(rows, key=lambda row: (-row[1], row[0])))
-
-
-def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:
-    """The oldest due pending row and how long it has waited for a worker (its lag), or None."""
-    due = WorkflowRunPending.objects.for_tenant(tenant).due(now)
-    oldest = due.order_by("wake_at", "id").first()
-    if oldest is None or oldest.wake_at is None:
-        return None
-    lag = now - oldest.wake_at
-    return {
-        "run_id": str(oldest.run_id),
-        "tenant_id": oldest.tenant_id,
-        "workflow_name": oldest.workflow_name,
-        "step": oldest.step,
-        "suspension_type": oldest.suspension_type,
-        "due_since": oldest.wake_at.isoformat(),
-        "lag_seconds": round(lag.total_seconds(), 3),
-        "lag": humanize(lag),
-    }
-
-
-def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
-    """The workers' heartbeats, freshest first: those serving ``tenant``, on ``host``.
-
-    Their age is measured on the database's clock, as they were written
-    (:meth:`kumiko_workflows.engine.worker.Heartbeat.beat`).
-    """
-    now = db.database_now()
-    rows = []
-    for beat in WorkerHeartbeat.objects.order_by("-seen_at", "name"):
-        serves = not beat.tenants or tenant is None or tenant in beat.tenants
-        if not serves or (host is not None and beat.hostname != host):
-            continue
-        age = now - beat.seen_at
-        rows.append(
-            {
-                "name": beat.name,
-                "hostname": beat.hostname,
-                "pid": beat.pid,
-                "tenants": beat.tenants or None,
-                "loop": beat.loop,
-                "started_at": beat.started_at.isoformat(),
-                "seen_at": beat.seen_at.isoformat(),
-                "age_seconds": round(age.total_seconds(), 3),
-                "age": humanize(age),
-                # Newer definitions whose runs it leaves: its code is stale.
-                "left_code": beat.left_code or [],
-            }
-        )
-    return rows
 
 
 def health(
