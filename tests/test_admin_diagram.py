@@ -61,7 +61,7 @@ def test_a_waiting_run_shows_its_place_and_the_steps_before_and_after():
     assert by_path["1.then.2"].state == "pending"
     assert by_path["1.else.0"].state == "skipped"
     assert by_path["2"].state == "pending"
-    assert by_path["0"].duration.startswith("in a segment of ")
+    assert by_path["0"].duration.startswith("ran in a segment of ")
     assert set(path.results) == {"first", "then_before"}
 
 

@@ -472,7 +472,7 @@ def _told(node: Node, found: _Trace, run: Any, now: datetime) -> tuple[str, str]
     if node.kind == "retry" and (found.attempts or found.failed):
         most = found.max_attempts or "?"
         end = found.retry_ended
-        length = took(end - found.retry_started) if end and found.retry_started else ""
+        length = f"took {took(end - found.retry_started)}" if end and found.retry_started else ""
         if found.failed:
             return length, f"gave up after attempt {found.attempts or '?'} of {most}"
         if node.state == "current":
@@ -482,14 +482,14 @@ def _told(node: Node, found: _Trace, run: Any, now: datetime) -> tuple[str, str]
     if found.suspended_at is not None:
         if found.resumed_at is not None:
             return (
-                took(found.resumed_at - found.suspended_at),
+                f"took {took(found.resumed_at - found.suspended_at)}",
                 found.resumed_with or f"resumed at {when(found.resumed_at)}",
             )
         if node.state == "current":
             return f"{took(now - found.suspended_at)} so far", f"since {when(found.suspended_at)}"
         return "", f"suspended at {when(found.suspended_at)}"
     if found.ran_at is not None:
-        length = f"in a segment of {took(found.segment)}" if found.segment is not None else ""
+        length = f"ran in a segment of {took(found.segment)}" if found.segment is not None else ""
         return length, f"result kept at {when(found.ran_at)}"
     if found.failed:
         return "", "raised: see the error below"
@@ -548,13 +548,19 @@ class ResultRow:
     step: str
     at: datetime | None
     value: Readable
-    #: For an awaited event: its id (None: the wait ended without one).
+    #: For an awaited event: its id (None: the wait ended without one), and its page.
     awaited_event_id: int | None = None
     awaited: bool = False
+    awaited_url: str = ""
 
 
-def result_rows(workflow: Workflow | None, path: RunPath) -> list[ResultRow]:
-    """The run's step results, in the order they were kept; awaited events by reference."""
+def result_rows(
+    workflow: Workflow | None, path: RunPath, event_url: Callable[[int], str] | None = None
+) -> list[ResultRow]:
+    """The run's step results, in the order they were kept; awaited events by reference.
+
+    ``event_url`` gives an awaited event's page (the admin's), for the link.
+    """
     rows = []
     for name, (value, at, producer) in sorted(path.results.items(), key=lambda item: item[1][1]):
         step = workflow.label(producer) if workflow is not None and producer else ""
@@ -568,7 +574,12 @@ def result_rows(workflow: Workflow | None, path: RunPath) -> list[ResultRow]:
         text = "" if event_id else "none: the wait ended without the event"
         rows.append(
             ResultRow(
-                key, step, resumed_at, Readable("empty", text), awaited_event_id=event_id, awaited=True
+                key,
+                step,
+                resumed_at,
+                Readable("empty", text),
+                awaited_event_id=event_id,
+                awaited=True,
             )
         )
     return rows

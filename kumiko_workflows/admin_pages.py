@@ -1,0 +1,320 @@
+"""The admin's pages beyond the lists: the dashboard, a workflow's own page, a run's picture.
+
+The figures come from :mod:`kumiko_workflows.operations.dashboard`, the
+diagram from :mod:`kumiko_workflows.operations.diagram`; this module turns
+them into template context with the links into the filtered lists. Every
+text reaches the page through a template, so it is escaped there (workflow
+names, failure reasons, step results and event payloads are user data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, time, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from kumiko_workflows.models import Event, RunStatus, WorkflowRun
+from kumiko_workflows.operations import charts, diagram
+from kumiko_workflows.operations.dashboard import (
+    KINDS,
+    STALE_AFTER,
+    Dashboard,
+    Figures,
+    Series,
+    dashboard,
+)
+from kumiko_workflows.operations.explain import humanize, when
+from kumiko_workflows.steps import callable_name
+from kumiko_workflows.workflow.definition import CronTrigger, Workflow, registry
+
+#: A status's symbol, shown beside its colour and its word.
+STATUS_SYMBOLS: dict[str, str] = {
+    "running": "▶",
+    "waiting": "⏸",
+    "completed": "✓",
+    "failed": "✗",
+    "cancelled": "⊘",
+}
+
+
+def status_badge(status: str) -> str:
+    """A run's status as a badge: a colour, a symbol and the word."""
+    return format_html(
+        '<span class="kw-badge kw-badge--{}"><span class="kw-sym" aria-hidden="true">{}</span>{}'
+        "</span>",
+        status,
+        STATUS_SYMBOLS.get(status, "•"),
+        status,
+    )
+
+
+class Links:
+    """The admin URLs the pages link to, for one admin site."""
+
+    def __init__(self, site_name: str) -> None:
+        self.site = site_name
+
+    def _name(self, model: str, view: str) -> str:
+        return reverse(f"{self.site}:kumiko_workflows_{model}_{view}")
+
+    def runs(self, **filters: Any) -> str:
+        url = self._name("workflowrun", "changelist")
+        return f"{url}?{urlencode(filters)}" if filters else url
+
+    def pending(self, **filters: Any) -> str:
+        url = self._name("workflowrunpending", "changelist")
+        return f"{url}?{urlencode(filters)}" if filters else url
+
+    def run(self, run_id: Any) -> str:
+        return reverse(f"{self.site}:kumiko_workflows_workflowrun_change", args=[str(run_id)])
+
+    def event(self, event_id: Any) -> str:
+        return reverse(f"{self.site}:kumiko_workflows_event_change", args=[event_id])
+
+    def dashboard(self, workflow: str = "") -> str:
+        url = self._name("workflowrun", "dashboard")
+        return f"{url}?{urlencode({'workflow': workflow})}" if workflow else url
+
+    def workflow(self, name: str) -> str:
+        return reverse(f"{self.site}:kumiko_workflows_workflowrun_workflow", args=[name])
+
+
+def _iso(instant: datetime) -> str:
+    return instant.isoformat()
+
+
+def _percent(rate: float | None) -> str:
+    return "—" if rate is None else f"{rate * 100:.1f} %"
+
+
+def _hour_label(start: datetime) -> str:
+    return f"{timezone.localtime(start):%H:00}"
+
+
+def _day_label(start: datetime) -> str:
+    return f"{timezone.localtime(start):%b %d}"
+
+
+def _chart(
+    series: Series,
+    label: Callable[[datetime], str],
+    links: Links,
+    workflow: str,
+    what: str,
+    tick_every: int,
+) -> dict[str, Any]:
+    chart = charts.bar_chart(series, label, tick_every=tick_every, what=what)
+    scope = {"workflow_name__exact": workflow} if workflow else {}
+    rows = []
+    for i, start in enumerate(series.starts):
+        end = bucket_end(series, i)
+        rows.append(
+            {
+                "label": label(start)
+                if series.unit == "hour"
+                else f"{timezone.localtime(start):%Y-%m-%d}",
+                **{kind: f"{series.counts[kind][i]:,}" for kind in KINDS},
+                "started": series.counts["started"][i],
+                "failed": series.counts["failed"][i],
+                "started_url": links.runs(
+                    started_at__gte=_iso(start), started_at__lt=_iso(end), **scope
+                ),
+                "failed_url": links.runs(
+                    status__exact=RunStatus.FAILED,
+                    finished_at__gte=_iso(start),
+                    finished_at__lt=_iso(end),
+                    **scope,
+                ),
+            }
+        )
+    totals = [(kind, f"{series.total(kind):,}") for kind in KINDS]
+    return {"chart": chart, "rows": list(reversed(rows)), "totals": totals}
+
+
+def bucket_end(series: Series, i: int) -> datetime:
+    """The end of bucket ``i``: an hour later (in UTC: a clock change has its hours), or the
+    next local midnight."""
+    start = series.starts[i]
+    if series.unit == "hour":
+        return start.astimezone(UTC) + timedelta(hours=1)
+    following = timezone.localtime(start).date() + timedelta(days=1)
+    return timezone.make_aware(datetime.combine(following, time.min))
+
+
+def _workflow_row(figures: Figures, links: Links, now: datetime) -> dict[str, Any]:
+    hourly = figures.hourly
+    since = _iso(hourly.starts[0])
+    oldest = figures.oldest_due
+    return {
+        "name": figures.name,
+        "page_url": links.workflow(figures.name),
+        "runs_url": links.runs(workflow_name__exact=figures.name, started_at__gte=since),
+        "failed_url": links.runs(
+            workflow_name__exact=figures.name,
+            status__exact=RunStatus.FAILED,
+            finished_at__gte=since,
+        ),
+        **{kind: f"{hourly.total(kind):,}" for kind in KINDS},
+        "failed": hourly.total("failed"),
+        "rate": _percent(figures.rate_24h),
+        "due": f"{figures.due:,}",
+        "oldest_due": f"{humanize(now - oldest)} ago" if oldest else "—",
+        "spark": charts.bar_chart(hourly, _hour_label, width=120, height=24),
+    }
+
+
+def _trigger_text(workflow: Workflow) -> str:
+    trigger = workflow.trigger
+    if isinstance(trigger, CronTrigger):
+        return f"cron {trigger.expression} in {trigger.timezone} (catch-up {trigger.catch_up})"
+    text = f"each {trigger.event_type!r} event"
+    if trigger.filter is not None:
+        text += f" that {callable_name(trigger.filter).rsplit('.', 1)[-1]}(event) passes"
+    return text
+
+
+def dashboard_context(
+    tenant: str | None, now: datetime, links: Links, workflow: str
+) -> dict[str, Any]:
+    """The dashboard page's context (see ``admin/kumiko_workflows/dashboard.html``)."""
+    figures: Dashboard = dashboard(tenant, now, workflow or None)
+    overall = figures.overall
+    names = sorted({w.name for w in registry.all()} | {f.name for f in figures.workflows})
+    finished_24h = overall.hourly.total("completed") + overall.hourly.total("failed")
+    stale = [w for w in figures.workers if w["age_seconds"] > STALE_AFTER]
+    oldest = figures.oldest_due
+    scope = {"workflow_name__exact": workflow} if workflow else {}
+    workers = []
+    for worker in figures.workers:
+        late = worker["age_seconds"] > STALE_AFTER
+        workers.append(
+            {
+                **worker,
+                "state": "stale" if late else "alive",
+                "state_text": "not seen lately" if late else "alive",
+                "tenants_text": ", ".join(worker["tenants"])
+                if worker["tenants"]
+                else "every tenant",
+                "started_text": when(datetime.fromisoformat(worker["started_at"])),
+            }
+        )
+    since_30d = _iso(overall.daily.starts[0])
+    reasons = [
+        {
+            "reason": reason,
+            "count": f"{count:,}",
+            "recent": f"{overall.reasons_24h.get(reason, 0):,}",
+            "url": links.runs(
+                status__exact=RunStatus.FAILED,
+                failure_reason=reason,
+                finished_at__gte=since_30d,
+                **scope,
+            ),
+        }
+        for reason, count in overall.top_reasons()
+    ]
+    due_text = f"{figures.due:,}{'+' if figures.due_capped else ''}"
+    return {
+        "kw": figures,
+        "kw_workflow": workflow,
+        "kw_workflow_names": names,
+        "kw_zone": timezone.get_current_timezone_name(),
+        "kw_now_text": when(now),
+        "kw_due_text": f"{due_text} run{'s' if figures.due != 1 else ''}",
+        "kw_due_url": links.pending(wake_at__lte=_iso(now), **scope),
+        "kw_oldest_url": links.run(oldest["run_id"]) if oldest and "run_id" in oldest else "",
+        "kw_oldest_since": when(datetime.fromisoformat(oldest["due_since"])) if oldest else "",
+        "kw_rate_24h": _percent(overall.rate_24h),
+        "kw_rate_24h_note": (
+            f"{overall.hourly.total('failed'):,} of {finished_24h:,} finished runs failed"
+            if finished_24h
+            else "no run finished"
+        ),
+        "kw_rate_30d": _percent(overall.rate_30d),
+        "kw_started_24h": f"{overall.hourly.total('started'):,}",
+        "kw_started_30d": f"{overall.daily.total('started'):,}",
+        "kw_started_url": links.runs(started_at__gte=_iso(overall.hourly.starts[0]), **scope),
+        "kw_workers": workers,
+        "kw_workers_alive": len(figures.workers) - len(stale),
+        "kw_workers_stale": len(stale),
+        "kw_stale_after": humanize(timedelta(seconds=STALE_AFTER)),
+        "kw_hourly": _chart(
+            overall.hourly,
+            _hour_label,
+            links,
+            workflow,
+            "runs per hour, last 24 hours",
+            3,
+        ),
+        "kw_daily": _chart(
+            overall.daily,
+            _day_label,
+            links,
+            workflow,
+            "runs per day, last 30 days",
+            5,
+        ),
+        "kw_rows": [_workflow_row(f, links, now) for f in figures.workflows],
+        "kw_reasons": reasons,
+    }
+
+
+def workflow_context(
+    tenant: str | None, now: datetime, links: Links, name: str, version: int | None
+) -> dict[str, Any]:
+    """A workflow's page: its definition, its steps as a diagram, its last 24 hours."""
+    workflow = registry.get(name, version)
+    context: dict[str, Any] = {"kw_name": name, "kw_version": version}
+    context["kw_dashboard_url"] = links.dashboard()
+    if workflow is None:
+        return context
+    figures = dashboard(tenant, now, name)
+    hourly = figures.overall.hourly
+    counts = ", ".join(f"{hourly.total(kind):,} {kind}" for kind in KINDS)
+    context.update(
+        kw_definition=workflow,
+        kw_versions=[each.version for each in registry.versions(name)],
+        kw_trigger=_trigger_text(workflow),
+        kw_awaits=sorted(workflow.awaits.items()),
+        kw_nodes=diagram.workflow_nodes(workflow),
+        kw_runs_url=links.runs(workflow_name__exact=name),
+        kw_waiting_url=links.runs(workflow_name__exact=name, status__exact=RunStatus.WAITING),
+        kw_failed_url=links.runs(workflow_name__exact=name, status__exact=RunStatus.FAILED),
+        kw_workflow_dashboard_url=links.dashboard(name),
+        kw_figures_text=f"{counts}; {figures.due:,} due now",
+    )
+    return context
+
+
+def run_picture(
+    run: WorkflowRun, events: list[Event], now: datetime, links: Links
+) -> dict[str, Any]:
+    """A run page's diagram, step results and folded engine details."""
+    workflow = registry.of_run(run.workflow_name, run.workflow_version, run.definition_fingerprint)
+    if workflow is None:
+        workflow = registry.get(run.workflow_name, run.workflow_version)
+    context: dict[str, Any] = {"kw_workflow_url": links.workflow(run.workflow_name)}
+    if workflow is not None:
+        nodes, path = diagram.run_nodes(workflow, run, events, now)
+        context["kw_nodes"] = nodes
+        context["kw_legend"] = sorted(
+            {node.state for top in nodes for node in top.walk()},
+            key=list(diagram.STATES).index,
+        )
+    else:
+        path = diagram.read_path(None, events)
+        context["kw_nodes"] = None
+    context["kw_results"] = diagram.result_rows(workflow, path, links.event)
+    internals = [
+        ("Definition fingerprint", run.definition_fingerprint),
+        ("Stream version", str(run.version)),
+    ]
+    internals.extend((f"State: {key}", str(value)) for key, value in sorted(path.internals.items()))
+    context["kw_internals"] = internals
+    context["kw_states"] = diagram.STATES
+    return context
