@@ -1,4 +1,5 @@
-"""The admin dashboard's indexes on the run table: runs by when they started, and finished.
+"""The admin dashboard: its indexes on the run table (runs by when they started and finished,
+failed runs by reason), and its cache of past days' counts (RunDay).
 
 Built CONCURRENTLY on PostgreSQL (so outside a transaction), as the run
 table may be large: runs go on starting and finishing while they build.
@@ -12,6 +13,11 @@ INDEXES = (
         condition=models.Q(finished_at__isnull=False),
         fields=["finished_at", "tenant_id", "workflow_name", "status", "failure_reason"],
         name="kw_run_finished",
+    ),
+    models.Index(
+        condition=models.Q(status="failed"),
+        fields=["failure_reason", "tenant_id"],
+        name="kw_run_failure_reason",
     ),
 )
 
@@ -40,6 +46,31 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.CreateModel(
+            name="RunDay",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("tenant_id", models.CharField(max_length=100)),
+                ("zone", models.CharField(max_length=64)),
+                ("day", models.DateField()),
+                ("workflow_name", models.CharField(max_length=200)),
+                ("started", models.PositiveIntegerField(default=0)),
+                ("completed", models.PositiveIntegerField(default=0)),
+                ("failed", models.PositiveIntegerField(default=0)),
+                ("cancelled", models.PositiveIntegerField(default=0)),
+                ("reasons", models.JSONField(blank=True, default=dict)),
+                ("counted_at", models.DateTimeField()),
+            ],
+            options={
+                "verbose_name": "run counts of a day",
+                "indexes": [models.Index(fields=["zone", "day"], name="kw_run_day_zone_day")],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("tenant_id", "zone", "day", "workflow_name"), name="kw_run_day"
+                    )
+                ],
+            },
+        ),
         migrations.SeparateDatabaseAndState(
             database_operations=[migrations.RunPython(create_indexes, drop_indexes)],
             state_operations=[

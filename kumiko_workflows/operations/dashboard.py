@@ -1,14 +1,20 @@
 """The admin dashboard's figures: runs per hour and per day, the due backlog, failures, workers.
 
-Each figure is one grouped query over a time range of an index, so a page
+Each figure is a grouped query over a time range of an index, so a page
 costs what the range holds, never what the tables hold:
 
-- runs started per hour (last 24 hours) and per day (last 30 days) read the
-  range of ``kw_run_started`` (``started_at, tenant_id``, covering the
-  workflow name on PostgreSQL);
-- runs completed, failed and cancelled, the failure rate and the top failure
-  reasons read the range of ``kw_run_finished`` (``finished_at, tenant_id``,
-  only finished runs, covering status, workflow and reason);
+- runs started per hour over the last 24 hours, and per day today, read the
+  range of ``kw_run_started`` (``started_at, tenant_id, workflow_name``:
+  the index alone answers);
+- runs completed, failed and cancelled, the failure rate and the failure
+  reasons, the range of ``kw_run_finished`` (``finished_at, tenant_id,
+  workflow_name, status, failure_reason``, finished runs only);
+- the 29 days before today are counted once each, an hour after the day
+  ends, and kept (:class:`~kumiko_workflows.models.RunDay`): the 30-day
+  chart then reads 29 kept days and counts only today. The first view
+  after a deploy counts the month once;
+- the failure reasons present read ``kw_run_failure_reason`` (failed runs
+  only), one probe per known reason;
 - the due backlog reads the due range of ``kw_pending_due`` per tenant
   (:func:`kumiko_workflows.store.db.due_backlog`, counted up to
   :data:`DUE_CAP`), and the oldest due row one index probe per tenant;
@@ -16,8 +22,9 @@ costs what the range holds, never what the tables hold:
   ages on the database's clock.
 
 The event table is never read: runs carry when they started and finished.
-Runs purged by retention are gone from the figures as they are from the lists.
-Pure reads; the admin draws them (:mod:`kumiko_workflows.operations.charts`).
+Runs purged by retention are gone from the live figures as from the lists
+(a kept day keeps what it counted). Pure reads but for the kept days; the
+admin draws them (:mod:`kumiko_workflows.operations.charts`).
 """
 
 from __future__ import annotations
@@ -30,9 +37,16 @@ from django.db.models import Count, Min
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
-from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.models import (
+    RunDay,
+    RunStatus,
+    WorkerHeartbeat,
+    WorkflowRun,
+    WorkflowRunPending,
+)
 from kumiko_workflows.operations.explain import humanize
 from kumiko_workflows.store import db
+from kumiko_workflows.store.streams import FAILURE_REASONS
 
 #: What the charts count, in the order they are drawn.
 KINDS = ("started", "completed", "failed", "cancelled")
@@ -46,6 +60,8 @@ _FINISHED = {
 DUE_CAP = 100_000
 #: Failure reasons listed, most frequent first.
 TOP_REASONS = 5
+#: A day's counts are kept (:class:`RunDay`) once it has been over this long.
+SETTLE = timedelta(hours=1)
 #: A heartbeat older than this many seconds is called stale on the dashboard.
 STALE_AFTER = 60
 
@@ -139,53 +155,58 @@ def _runs(tenant: str | None, workflow: str | None) -> Any:
     return runs if workflow is None else runs.filter(workflow_name=workflow)
 
 
-def _index(starts: list[datetime], bucket: datetime) -> int | None:
-    """The position of ``bucket`` (a truncated instant) among ``starts``, or None."""
-    for i, start in enumerate(starts):
-        if start == bucket:
-            return i
-    return None
+class _Tally:
+    """Adds counts into the figures: per workflow (made as met) and overall."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.hours = hour_starts(now)
+        self.days = day_starts(now)
+        self.by_name: dict[str, Figures] = {}
+        self.overall = self.figures_for("")
+
+    def figures_for(self, name: str) -> Figures:
+        return Figures(name, _empty("hour", self.hours), _empty("day", self.days))
+
+    def named(self, name: str) -> Figures:
+        found = self.by_name.get(name)
+        if found is None:
+            found = self.by_name[name] = self.figures_for(name)
+        return found
+
+    def add(self, unit: str, at: int, name: str, kind: str, n: int, reason: str = "") -> None:
+        for figures in (self.named(name), self.overall):
+            series = figures.hourly if unit == "hour" else figures.daily
+            series.counts[kind][at] += n
+            if kind == "failed":
+                reasons = figures.reasons if unit == "day" else figures.reasons_24h
+                key = reason or "(no reason recorded)"
+                reasons[key] = reasons.get(key, 0) + n
 
 
-def _fill(
-    tenant: str | None,
-    workflow: str | None,
-    now: datetime,
-    unit: str,
-    starts: list[datetime],
-    by_name: dict[str, Figures],
-    overall: Figures,
+def _finished(runs: Any, column: str, since: datetime, until: datetime) -> Any:
+    return runs.filter(**{f"{column}__gte": since, f"{column}__lt": until})
+
+
+def _count_live(
+    tally: _Tally, runs: Any, unit: str, starts: list[datetime], until: datetime
 ) -> None:
-    """Count runs started and finished per ``unit`` since ``starts[0]``, into the figures."""
+    """Count runs started and finished per ``unit`` from ``starts[0]`` to ``until``, live."""
     zone = timezone.get_current_timezone()
-    since = starts[0]
-    runs = _runs(tenant, workflow)
-
-    def series(name: str) -> Series:
-        figures = by_name.get(name)
-        if figures is None:
-            figures = by_name[name] = Figures(
-                name, _empty("hour", hour_starts(now)), _empty("day", day_starts(now))
-            )
-        return figures.hourly if unit == "hour" else figures.daily
-
+    positions = {start: i for i, start in enumerate(starts)}
+    offset = (tally.hours if unit == "hour" else tally.days).index(starts[0])
     started = (
-        runs.filter(started_at__gte=since, started_at__lte=now)
+        _finished(runs, "started_at", starts[0], until)
         .annotate(bucket=Trunc("started_at", unit, tzinfo=zone))
         .order_by()
         .values_list("workflow_name", "bucket")
         .annotate(n=Count("pk"))
     )
-    positions: dict[datetime, int | None] = {}
     for name, bucket, n in started:
-        at = positions.setdefault(bucket, _index(starts, bucket))
-        if at is None:
-            continue
-        series(name).counts["started"][at] += n
-        (overall.hourly if unit == "hour" else overall.daily).counts["started"][at] += n
-
+        if bucket in positions:
+            tally.add(unit, offset + positions[bucket], name, "started", n)
     finished = (
-        runs.filter(finished_at__gte=since, finished_at__lte=now)
+        _finished(runs, "finished_at", starts[0], until)
         .annotate(bucket=Trunc("finished_at", unit, tzinfo=zone))
         .order_by()
         .values_list("workflow_name", "bucket", "status", "failure_reason")
@@ -193,16 +214,85 @@ def _fill(
     )
     for name, bucket, status, reason, n in finished:
         kind = _FINISHED.get(status)
-        at = positions.setdefault(bucket, _index(starts, bucket))
-        if kind is None or at is None:
+        if kind is not None and bucket in positions:
+            tally.add(unit, offset + positions[bucket], name, kind, n, reason)
+
+
+def _day_end(start: datetime) -> datetime:
+    following = timezone.localtime(start).date() + timedelta(days=1)
+    return timezone.make_aware(datetime.combine(following, datetime.min.time()))
+
+
+def keep_day(start: datetime, now: datetime) -> None:
+    """Count every tenant's runs of the local day from ``start`` and keep them (:class:`RunDay`).
+
+    Two grouped reads of the day's range of the run indexes; the rows and
+    the day's marker are inserted together, ignoring conflicts, so two
+    views counting one day at once keep one copy.
+    """
+    zone = timezone.get_current_timezone_name()
+    day = timezone.localtime(start).date()
+    end = _day_end(start)
+    rows: dict[tuple[str, str], RunDay] = {}
+
+    def row(tenant: str, name: str) -> RunDay:
+        found = rows.get((tenant, name))
+        if found is None:
+            found = rows[(tenant, name)] = RunDay(
+                tenant_id=tenant, zone=zone, day=day, workflow_name=name, counted_at=now
+            )
+        return found
+
+    runs = WorkflowRun.objects.all()
+    started = _finished(runs, "started_at", start, end).order_by()
+    for tenant, name, n in started.values_list("tenant_id", "workflow_name").annotate(
+        n=Count("pk")
+    ):
+        row(tenant, name).started += n
+    finished = _finished(runs, "finished_at", start, end).order_by()
+    grouped = finished.values_list("tenant_id", "workflow_name", "status", "failure_reason")
+    for tenant, name, status, reason, n in grouped.annotate(n=Count("pk")):
+        kind = _FINISHED.get(status)
+        if kind is None:
             continue
-        series(name).counts[kind][at] += n
-        (overall.hourly if unit == "hour" else overall.daily).counts[kind][at] += n
+        kept = row(tenant, name)
+        setattr(kept, kind, getattr(kept, kind) + n)
         if kind == "failed":
-            for figures in (by_name[name], overall):
-                reasons = figures.reasons if unit == "day" else figures.reasons_24h
-                key = reason or "(no reason recorded)"
-                reasons[key] = reasons.get(key, 0) + n
+            key = reason or "(no reason recorded)"
+            kept.reasons[key] = kept.reasons.get(key, 0) + n
+    marker = RunDay(tenant_id="", zone=zone, day=day, workflow_name="", counted_at=now)
+    with db.atomic():
+        RunDay.objects.bulk_create([*rows.values(), marker], ignore_conflicts=True)
+
+
+def _count_kept(
+    tally: _Tally, tenant: str | None, workflow: str | None, starts: list[datetime]
+) -> None:
+    """Add the kept counts of the days from ``starts``, counting the days not yet kept."""
+    zone = timezone.get_current_timezone_name()
+    days = {timezone.localtime(start).date(): start for start in starts}
+    kept = RunDay.objects.filter(zone=zone, day__in=list(days))
+    counted = set(kept.filter(workflow_name="", tenant_id="").values_list("day", flat=True))
+    for day, start in days.items():
+        if day not in counted:
+            keep_day(start, tally.now)
+    rows = kept.exclude(workflow_name="")
+    if tenant is not None:
+        rows = rows.filter(tenant_id=tenant)
+    if workflow is not None:
+        rows = rows.filter(workflow_name=workflow)
+    position = {day: tally.days.index(start) for day, start in days.items()}
+    columns = ("day", "workflow_name", "started", "completed", "cancelled", "failed", "reasons")
+    for day, name, started, completed, cancelled, failed, reasons in rows.values_list(*columns):
+        at = position[day]
+        for kind, n in (("started", started), ("completed", completed), ("cancelled", cancelled)):
+            if n:
+                tally.add("day", at, name, kind, n)
+        for reason, n in (reasons or {}).items():
+            tally.add("day", at, name, "failed", n, reason)
+        unexplained = failed - sum((reasons or {}).values())
+        if unexplained > 0:
+            tally.add("day", at, name, "failed", unexplained)
 
 
 def due_backlog(tenant: str | None, now: datetime) -> tuple[int, bool]:
@@ -290,6 +380,16 @@ def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str
     return rows
 
 
+def failure_reasons_present(tenant: str | None) -> list[str]:
+    """The failure reasons that failed runs (of ``tenant``) have, in the order of the known ones.
+
+    One probe of ``kw_run_failure_reason`` (failed runs only) per known
+    reason: the run list's filter offers only these, whatever the table's size.
+    """
+    failed = WorkflowRun.objects.for_tenant(tenant).filter(status=RunStatus.FAILED)
+    return [reason for reason in FAILURE_REASONS if failed.filter(failure_reason=reason).exists()]
+
+
 def _due_per_workflow(tenant: str | None, workflow: str | None, now: datetime) -> list[Any]:
     pending = WorkflowRunPending.objects.for_tenant(tenant).due(now)
     if workflow is not None:
@@ -303,16 +403,15 @@ def _due_per_workflow(tenant: str | None, workflow: str | None, now: datetime) -
 
 def dashboard(tenant: str | None, now: datetime, workflow: str | None = None) -> Dashboard:
     """Every figure of the dashboard, for ``tenant`` (None: all) and ``workflow`` (None: all)."""
-    by_name: dict[str, Figures] = {}
-    overall = Figures("", _empty("hour", hour_starts(now)), _empty("day", day_starts(now)))
-    _fill(tenant, workflow, now, "hour", overall.hourly.starts, by_name, overall)
-    _fill(tenant, workflow, now, "day", overall.daily.starts, by_name, overall)
+    tally = _Tally(now)
+    runs = _runs(tenant, workflow)
+    _count_live(tally, runs, "hour", tally.hours, now)
+    settled = [start for start in tally.days if _day_end(start) + SETTLE <= now]
+    _count_kept(tally, tenant, workflow, settled)
+    _count_live(tally, runs, "day", tally.days[len(settled) :], now)
+    by_name, overall = tally.by_name, tally.overall
     for name, n, oldest in _due_per_workflow(tenant, workflow, now):
-        figures = by_name.get(name)
-        if figures is None:
-            figures = by_name[name] = Figures(
-                name, _empty("hour", hour_starts(now)), _empty("day", day_starts(now))
-            )
+        figures = tally.named(name)
         figures.due, figures.oldest_due = n, oldest
     if workflow is None:
         due, capped = due_backlog(tenant, now)
