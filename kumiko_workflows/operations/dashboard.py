@@ -29,6 +29,7 @@ admin draws them (:mod:`kumiko_workflows.operations.charts`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -189,12 +190,26 @@ def _finished(runs: Any, column: str, since: datetime, until: datetime) -> Any:
 
 
 def _count_live(
-    tally: _Tally, runs: Any, unit: str, starts: list[datetime], until: datetime
+    tally: _Tally,
+    runs: Any,
+    unit: str,
+    starts: list[datetime],
+    until: datetime,
+    days_too: Sequence[datetime] = (),
 ) -> None:
-    """Count runs started and finished per ``unit`` from ``starts[0]`` to ``until``, live."""
+    """Count runs started and finished per ``unit`` from ``starts[0]`` to ``until``, live.
+
+    Hours are added to the days of ``days_too`` they fall in as well (the
+    days the last 24 hours hold whole, today's part: one read for both).
+    """
     zone = timezone.get_current_timezone()
     positions = {start: i for i, start in enumerate(starts)}
     offset = (tally.hours if unit == "hour" else tally.days).index(starts[0])
+    day_of: dict[int, int] = {}
+    for hour_at, hour in enumerate(starts if unit == "hour" else ()):
+        inside = [day for day in days_too if day <= hour < _day_end(day)]
+        if inside:
+            day_of[hour_at] = tally.days.index(inside[0])
     started = (
         _finished(runs, "started_at", starts[0], until)
         .annotate(bucket=Trunc("started_at", unit, tzinfo=zone))
@@ -204,7 +219,10 @@ def _count_live(
     )
     for name, bucket, n in started:
         if bucket in positions:
-            tally.add(unit, offset + positions[bucket], name, "started", n)
+            at = positions[bucket]
+            tally.add(unit, offset + at, name, "started", n)
+            if at in day_of:
+                tally.add("day", day_of[at], name, "started", n)
     finished = (
         _finished(runs, "finished_at", starts[0], until)
         .annotate(bucket=Trunc("finished_at", unit, tzinfo=zone))
@@ -215,7 +233,10 @@ def _count_live(
     for name, bucket, status, reason, n in finished:
         kind = _FINISHED.get(status)
         if kind is not None and bucket in positions:
-            tally.add(unit, offset + positions[bucket], name, kind, n, reason)
+            at = positions[bucket]
+            tally.add(unit, offset + at, name, kind, n, reason)
+            if at in day_of:
+                tally.add("day", day_of[at], name, kind, n, reason)
 
 
 def _day_end(start: datetime) -> datetime:
@@ -405,10 +426,16 @@ def dashboard(tenant: str | None, now: datetime, workflow: str | None = None) ->
     """Every figure of the dashboard, for ``tenant`` (None: all) and ``workflow`` (None: all)."""
     tally = _Tally(now)
     runs = _runs(tenant, workflow)
-    _count_live(tally, runs, "hour", tally.hours, now)
     settled = [start for start in tally.days if _day_end(start) + SETTLE <= now]
+    unsettled = tally.days[len(settled) :]
+    # Today (and a day over for less than an hour, if the last 24 hours hold
+    # all of it) is counted from the hours; only a day they do not hold is read.
+    within = [start for start in unsettled if start >= tally.hours[0]]
+    _count_live(tally, runs, "hour", tally.hours, now, within)
     _count_kept(tally, tenant, workflow, settled)
-    _count_live(tally, runs, "day", tally.days[len(settled) :], now)
+    rest = [start for start in unsettled if start not in within]
+    if rest:
+        _count_live(tally, runs, "day", rest, _day_end(rest[-1]))
     by_name, overall = tally.by_name, tally.overall
     for name, n, oldest in _due_per_workflow(tenant, workflow, now):
         figures = tally.named(name)
