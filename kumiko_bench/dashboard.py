@@ -159,7 +159,7 @@ def pages(now: Any) -> dict[str, Callable[[], Any]]:
         "dashboard_all": lambda: dashboard(None, now),
         "dashboard_tenant": lambda: dashboard("bench-tenant-3", now),
         "dashboard_workflow": lambda: dashboard(None, now, "bench-workflow-5"),
-        "reason_filter": lambda: failure_reasons_present(None),
+        "reason_filter": lambda: failure_reasons_present(),
     }
 
 

@@ -14,10 +14,16 @@ from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.urls import reverse
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, RunStatus, WorkflowRun
 from kumiko_workflows.operations import charts, diagram
 from kumiko_workflows.operations.dashboard import (
@@ -27,10 +33,17 @@ from kumiko_workflows.operations.dashboard import (
     Figures,
     Series,
     dashboard,
+    failure_reasons_present,
 )
-from kumiko_workflows.operations.explain import humanize, when
+from kumiko_workflows.operations.explain import describe_event, humanize, short_payload, when
 from kumiko_workflows.steps import callable_name
+from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import CronTrigger, Workflow, registry
+
+#: The one placeholder of an empty cell or fact.
+EMPTY = "—"
+#: Aggregate types of the engine's own streams (runs, cron schedules).
+ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
 
 #: A status's symbol, shown beside its colour and its word.
 STATUS_SYMBOLS: dict[str, str] = {
@@ -89,7 +102,7 @@ def _iso(instant: datetime) -> str:
 
 
 def _percent(rate: float | None) -> str:
-    return "—" if rate is None else f"{rate * 100:.1f} %"
+    return EMPTY if rate is None else f"{rate * 100:.1f} %"
 
 
 def _hour_label(start: datetime) -> str:
@@ -163,7 +176,7 @@ def _workflow_row(figures: Figures, links: Links, now: datetime) -> dict[str, An
         "failed": hourly.total("failed"),
         "rate": _percent(figures.rate_24h),
         "due": f"{figures.due:,}",
-        "oldest_due": f"{humanize(now - oldest)} ago" if oldest else "—",
+        "oldest_due": f"{humanize(now - oldest)} ago" if oldest else EMPTY,
         "spark": charts.bar_chart(hourly, _hour_label, width=120, height=24),
     }
 
@@ -302,10 +315,10 @@ def run_picture(
     if workflow is not None:
         nodes, path = diagram.run_nodes(workflow, run, events, now)
         context["kw_nodes"] = nodes
-        context["kw_legend"] = sorted(
-            {node.state for top in nodes for node in top.walk()},
-            key=list(diagram.STATES).index,
-        )
+        shown = {node.state for top in nodes for node in top.walk()} - {"static"}
+        context["kw_legend"] = [
+            (state, text) for state, text in diagram.STATES.items() if state in shown
+        ]
     else:
         path = diagram.read_path(None, events)
         context["kw_nodes"] = None
@@ -316,5 +329,134 @@ def run_picture(
     ]
     internals.extend((f"State: {key}", str(value)) for key, value in sorted(path.internals.items()))
     context["kw_internals"] = internals
-    context["kw_states"] = diagram.STATES
     return context
+
+
+# --- list pieces ---------------------------------------------------------------------
+
+
+class FailureReasonFilter(admin.SimpleListFilter):
+    """The failure reasons the user's failed runs have (one index probe per known reason)."""
+
+    title = "failure reason"
+    parameter_name = "failure_reason"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        present = failure_reasons_present(model_admin.get_queryset(request))
+        chosen = self.value()
+        if chosen and chosen not in present:
+            present.append(chosen)  # what the list is filtered by stays named
+        return [(reason, reason) for reason in present]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(failure_reason=value) if value else queryset
+
+
+class EventKindFilter(admin.SimpleListFilter):
+    """Domain events (the site's) apart from the engine's (runs' and schedules' streams)."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("domain", "domain events"), ("engine", "engine events (runs, schedules)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "domain":
+            return queryset.exclude(aggregate_type__in=ENGINE_AGGREGATE_TYPES)
+        if self.value() == "engine":
+            return queryset.filter(aggregate_type__in=ENGINE_AGGREGATE_TYPES)
+        return queryset
+
+
+def step_cell(workflow_name: str, step: str, version: int | None) -> str:
+    """A step position with its step's name under it (``1.then.1`` / ``wait``), kept short."""
+    if not step:
+        return EMPTY
+    workflow = registry.get(workflow_name, version)
+    found = workflow.step_at(step) if workflow is not None else None
+    if found is None:
+        return format_html('<span class="kw-nowrap">{}</span>', step)
+    name = diagram.shape_of(found).title(found)
+    return format_html(
+        '<span class="kw-nowrap">{}</span><span class="kw-step-name">{} {}</span>',
+        step,
+        found.kind,
+        name if name != found.kind else "",
+    )
+
+
+def payload_preview(event: Event) -> str:
+    """An event's payload in a line: the engine's in words, a domain event's as key=value."""
+    payload = event.payload or {}
+    if event.aggregate_type in ENGINE_AGGREGATE_TYPES:
+        text = describe_event(event.type, payload)
+    else:
+        text = short_payload(payload, 100, type=event.type) if payload else ""
+    if not text:
+        return EMPTY
+    return format_html('<span class="kw-preview" title="{}">{}</span>', text, text)
+
+
+# --- the dashboard and a workflow's page, as views of the run admin ------------------------
+
+
+class PagesMixin:
+    """The dashboard and the workflows' pages, for the run admin (:class:`WorkflowRunAdmin`).
+
+    Each needs the view permission on runs, as the run list does, and shows
+    only the runs of the user's tenant (``tenant_of``).
+    """
+
+    admin_site: Any
+    opts: Any
+
+    def tenant_of(self, request: HttpRequest) -> str | None:
+        raise NotImplementedError
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        raise NotImplementedError
+
+    def page_urls(self) -> list[URLPattern]:
+        names = f"{self.opts.app_label}_{self.opts.model_name}"
+        dashboard_view = self.admin_site.admin_view(self.dashboard_view)
+        workflow_view = self.admin_site.admin_view(self.workflow_view)
+        return [
+            path("dashboard/", dashboard_view, name=f"{names}_dashboard"),
+            path("workflows/<path:name>/", workflow_view, name=f"{names}_workflow"),
+        ]
+
+    def _page(self, request: HttpRequest, template: str, title: str, context: dict) -> Any:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request,
+            template,
+            {
+                **self.admin_site.each_context(request),
+                "title": title,
+                "opts": self.opts,
+                "app_label_name": self.opts.app_config.verbose_name,
+                **context,
+            },
+        )
+
+    def dashboard_view(self, request: HttpRequest) -> Any:
+        workflow = request.GET.get("workflow", "").strip()[:200]
+        context = dashboard_context(
+            self.tenant_of(request), clock.now(), Links(self.admin_site.name), workflow
+        )
+        title = f"Dashboard: {workflow}" if workflow else "Workflows dashboard"
+        return self._page(request, "admin/kumiko_workflows/dashboard.html", title, context)
+
+    def workflow_view(self, request: HttpRequest, name: str) -> Any:
+        version_text = request.GET.get("version", "")
+        version = int(version_text) if version_text.isdigit() and len(version_text) < 7 else None
+        context = workflow_context(
+            self.tenant_of(request), clock.now(), Links(self.admin_site.name), name, version
+        )
+        return self._page(
+            request, "admin/kumiko_workflows/workflow.html", f"Workflow {name}", context
+        )

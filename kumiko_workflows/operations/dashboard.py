@@ -401,13 +401,14 @@ def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str
     return rows
 
 
-def failure_reasons_present(tenant: str | None) -> list[str]:
-    """The failure reasons that failed runs (of ``tenant``) have, in the order of the known ones.
+def failure_reasons_present(runs: Any = None) -> list[str]:
+    """The failure reasons that failed runs (of ``runs``, default all) have, in the known order.
 
     One probe of ``kw_run_failure_reason`` (failed runs only) per known
-    reason: the run list's filter offers only these, whatever the table's size.
+    reason: the run list's filter offers only these, whatever the table's
+    size. ``runs``: a queryset of runs (the admin's, scoped to a tenant).
     """
-    failed = WorkflowRun.objects.for_tenant(tenant).filter(status=RunStatus.FAILED)
+    failed = (WorkflowRun.objects.all() if runs is None else runs).filter(status=RunStatus.FAILED)
     return [reason for reason in FAILURE_REASONS if failed.filter(failure_reason=reason).exists()]
 
 
