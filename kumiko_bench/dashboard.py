@@ -65,9 +65,7 @@ def seed(runs: int, now: Any) -> None:
         add = lambda column, amount: f"{column} + ({amount}) {seconds}"  # noqa: E731
     else:
         uuid, text = "lower(hex(randomblob(16)))", "CAST(i AS TEXT)"
-        started = (
-            f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', julianday(%s) - (i * 1.0 / %s) * {DAYS})"
-        )
+        started = f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', julianday(%s) - (i * 1.0 / %s) * {DAYS})"
         add = lambda column, amount: (  # noqa: E731
             f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', julianday({column}) + ({amount}) / 86400.0)"
         )

@@ -39,6 +39,17 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from kumiko_workflows import event_types as et
+from kumiko_workflows.admin_pages import (
+    EMPTY,
+    EventKindFilter,
+    FailureReasonFilter,
+    Links,
+    PagesMixin,
+    payload_preview,
+    run_picture,
+    status_badge,
+    step_cell,
+)
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.engine.cron import (
     fire_schedule_now,
@@ -77,7 +88,6 @@ from kumiko_workflows.operations.explain import (
 )
 from kumiko_workflows.operations.versions import stale_workers, version_table
 from kumiko_workflows.store import db
-from kumiko_workflows.store.streams import FAILURE_REASONS
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.definition import run_id_for
 
@@ -206,6 +216,9 @@ def _many_tenants(request: HttpRequest) -> bool:
 class WorkflowAdmin(admin.ModelAdmin):
     """Read-only and tenant-scoped: the base of the three admins below."""
 
+    #: One placeholder everywhere: an empty cell, a fact that does not apply.
+    empty_value_display = EMPTY
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)
         tenant = admin_tenant(request)
@@ -278,9 +291,10 @@ class EventAdmin(WorkflowAdmin):
         "aggregate_type",
         "aggregate",
         "version",
+        "preview",
         "tenant_id",
     )
-    list_filter = ("type", "aggregate_type", "tenant_id")
+    list_filter = (EventKindFilter, "type", "aggregate_type", "tenant_id")
     search_fields = ("aggregate_id",)
     search_help_text = "An aggregate id (whole, or its first 8 characters), or an event id."
     ordering = ("-id",)
@@ -312,6 +326,10 @@ class EventAdmin(WorkflowAdmin):
     @admin.display(description=_zoned("created"), ordering="id")
     def created(self, event: Event) -> str:
         return _time(event.created_at)
+
+    @admin.display(description="payload")
+    def preview(self, event: Event) -> str:
+        return payload_preview(event)
 
     @admin.display(description="aggregate id", ordering="aggregate_id")
     def aggregate(self, event: Event) -> str:
@@ -375,29 +393,15 @@ class EventAdmin(WorkflowAdmin):
         return lines
 
 
-class FailureReasonFilter(admin.SimpleListFilter):
-    """The reasons a run can fail with (not a scan of the runs for the ones that occur)."""
-
-    title = "failure reason"
-    parameter_name = "failure_reason"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(reason, reason) for reason in FAILURE_REASONS]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value()
-        return queryset.filter(failure_reason=value) if value else queryset
-
-
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(WorkflowAdmin):
+class WorkflowRunAdmin(PagesMixin, WorkflowAdmin):
     list_display = (
         "run",
         "workflow",
         "workflow_version",
-        "status",
+        "status_badge",
         "failure",
-        "current_step",
+        "step_now",
         "search",
         "updated",
     )
@@ -475,7 +479,41 @@ class WorkflowRunAdmin(WorkflowAdmin):
 
     @admin.display(description="current step", ordering="step")
     def current_step(self, run: WorkflowRun) -> str:
-        return _breakable(step_label(run.workflow_name, run.step, run.workflow_version) or "—")
+        return _breakable(step_label(run.workflow_name, run.step, run.workflow_version) or EMPTY)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: WorkflowRun) -> str:
+        return status_badge(run.status)
+
+    @admin.display(description="current step", ordering="step")
+    def step_now(self, run: WorkflowRun) -> str:
+        """Where a run in flight is: its position, its step's kind and name under it."""
+        if run.status in SETTLED_STATUSES:
+            return EMPTY  # a finished run is at no step (a failed one's is on its page)
+        return step_cell(run.workflow_name, run.step, run.workflow_version)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The sections that apply to the run: no suspension unless waiting, no failure unless
+        failed (or a retry waits after a failed attempt), no current step once finished."""
+        if obj is None:
+            return super().get_fieldsets(request, obj)
+        shown = []
+        for title, options in self.fieldsets or ():
+            fields = tuple(options["fields"])
+            if title is None and obj.status in SETTLED_STATUSES:
+                fields = tuple(f for f in fields if f != "current_step")
+            if title == "Suspension" and obj.status != RunStatus.WAITING:
+                continue
+            retrying = obj.status == RunStatus.WAITING and obj.retry_attempt
+            if title == "Failure" and obj.status != RunStatus.FAILED and not retrying:
+                continue
+            if title is None and obj.status not in SETTLED_STATUSES:
+                fields = tuple(f for f in fields if f != "finished")
+            shown.append((title, {**options, "fields": fields}))
+        return shown
+
+    def tenant_of(self, request: HttpRequest) -> str | None:
+        return admin_tenant(request)
 
     @admin.display(description="search key", ordering="search_key")
     def search(self, run: WorkflowRun) -> str:
@@ -591,7 +629,7 @@ class WorkflowRunAdmin(WorkflowAdmin):
         view = self.admin_site.admin_view(self.schedule_view)
         view.model_admin = self  # type: ignore[attr-defined]  # as ModelAdmin's own views
         name = f"{self.opts.app_label}_{self.opts.model_name}_schedule"
-        return [path("schedules/", view, name=name), *super().get_urls()]
+        return [path("schedules/", view, name=name), *self.page_urls(), *super().get_urls()]
 
     def schedule_view(self, request: HttpRequest) -> HttpResponse:
         """Pause, resume or fire a cron schedule now (the buttons above the run list)."""
@@ -707,6 +745,9 @@ class WorkflowRunAdmin(WorkflowAdmin):
             context["kw_related"] = self._related(run, awaited_events(entries))
             context["kw_buttons"] = self._buttons(request, run, explanation)
             context["kw_changelist_url"] = self._changelist_url(WorkflowRun)
+            stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
+            events = list(stream.order_by("version"))
+            context.update(run_picture(run, events, clock.now(), Links(self.admin_site.name)))
         return super().change_view(request, object_id, form_url, context)
 
     def _related(self, run: WorkflowRun, awaited: list[tuple[str, int]]) -> list[tuple[str, str]]:
@@ -911,14 +952,14 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
         "workflow",
         "workflow_version",
         "tenant_id",
-        "step",
+        "step_text",
         "suspension_type",
         "wake",
         "due",
         "awaiting",
     )
     # The first column links to the run; the step, to this row's own page.
-    list_display_links = ("step",)
+    list_display_links = ("step_text",)
     list_filter = ("suspension_type", "workflow_name", "workflow_version", "tenant_id")
     search_fields = ("run_id",)
     search_help_text = "A run id (whole, or its first 8 characters)."
@@ -962,6 +1003,10 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     @admin.display(description="run", ordering="run_id")
     def run(self, row: WorkflowRunPending) -> str:
         return self._run_link(row.run_id)
+
+    @admin.display(description="step", ordering="step")
+    def step_text(self, row: WorkflowRunPending) -> str:
+        return step_cell(row.workflow_name, row.step, row.workflow_version)
 
     @admin.display(description=_zoned("wakes at"), ordering="wake_at")
     def wake(self, row: WorkflowRunPending) -> str:

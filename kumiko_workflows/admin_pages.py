@@ -48,7 +48,7 @@ ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
 #: A status's symbol, shown beside its colour and its word.
 STATUS_SYMBOLS: dict[str, str] = {
     "running": "▶",
-    "waiting": "⏸",
+    "waiting": "‖",
     "completed": "✓",
     "failed": "✗",
     "cancelled": "⊘",
@@ -177,7 +177,7 @@ def _workflow_row(figures: Figures, links: Links, now: datetime) -> dict[str, An
         "rate": _percent(figures.rate_24h),
         "due": f"{figures.due:,}",
         "oldest_due": f"{humanize(now - oldest)} ago" if oldest else EMPTY,
-        "spark": charts.bar_chart(hourly, _hour_label, width=120, height=24),
+        "spark": charts.bar_chart(hourly, _hour_label, width=120, height=24, compact=True),
     }
 
 
@@ -411,17 +411,16 @@ class PagesMixin:
 
     admin_site: Any
     opts: Any
-
-    def tenant_of(self, request: HttpRequest) -> str | None:
-        raise NotImplementedError
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        raise NotImplementedError
+    #: The user's tenant (None: every tenant), and the run admin's view permission.
+    tenant_of: Callable[[HttpRequest], str | None]
+    has_view_permission: Callable[..., bool]
 
     def page_urls(self) -> list[URLPattern]:
         names = f"{self.opts.app_label}_{self.opts.model_name}"
         dashboard_view = self.admin_site.admin_view(self.dashboard_view)
         workflow_view = self.admin_site.admin_view(self.workflow_view)
+        for view in (dashboard_view, workflow_view):
+            view.model_admin = self  # type: ignore[attr-defined]  # as ModelAdmin's own views
         return [
             path("dashboard/", dashboard_view, name=f"{names}_dashboard"),
             path("workflows/<path:name>/", workflow_view, name=f"{names}_workflow"),

@@ -40,12 +40,14 @@ OVERFLOW = """() => {
     for (const box of document.querySelectorAll('#content *')) {
         const r = box.getBoundingClientRect();
         if (r.width && r.right > width + 0.5) {
-            found.push((box.id || box.className || box.tagName) + ' ends at ' + Math.round(r.right));
+            const name = box.id || box.className || box.tagName;
+            found.push(name + ' ends at ' + Math.round(r.right));
         }
     }
     for (const box of document.querySelectorAll('.kw-diagram, .kw-table-wrap, .kw-chart')) {
         if (box.scrollWidth > box.clientWidth + 1) {
-            found.push((box.id || box.className) + ' scrolls: ' + box.scrollWidth + ' > ' + box.clientWidth);
+            const name = box.id || box.className;
+            found.push(name + ' scrolls: ' + box.scrollWidth + ' > ' + box.clientWidth);
         }
     }
     return found.slice(0, 20);
@@ -58,8 +60,8 @@ AXE = """async () => {
     });
     return result.violations
         .filter(v => v.impact === 'serious' || v.impact === 'critical')
-        .map(v => ({id: v.id, impact: v.impact, help: v.help,
-                    nodes: v.nodes.slice(0, 5).map(n => n.target.join(' ') + ': ' + n.failureSummary)}));
+        .map(v => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 5)
+            .map(n => n.target.join(' ') + ': ' + n.failureSummary)}));
 }"""
 
 
@@ -77,8 +79,13 @@ def seed_runs() -> dict[str, str]:
     resume_due_runs(now=timezone.now() + timedelta(minutes=5))
     now = timezone.now()
     WorkerHeartbeat.objects.create(
-        name="web-1:4242", hostname="web-1", pid=4242, tenants=[], loop=True,
-        started_at=now, seen_at=now,
+        name="web-1:4242",
+        hostname="web-1",
+        pid=4242,
+        tenants=[],
+        loop=True,
+        started_at=now,
+        seen_at=now,
     )
     ids = {
         "waiting": run_id_for("t-branch", waiting.payload["run_key"], "default"),
@@ -88,7 +95,10 @@ def seed_runs() -> dict[str, str]:
     }
     statuses = {name: WorkflowRun.objects.get(run_id=run_id).status for name, run_id in ids.items()}
     assert statuses == {
-        "waiting": "waiting", "failed": "failed", "retried": "completed", "completed": "completed"
+        "waiting": "waiting",
+        "failed": "failed",
+        "retried": "completed",
+        "completed": "completed",
     }
     return {name: str(run_id) for name, run_id in ids.items()}
 
@@ -127,9 +137,9 @@ def test_the_dashboard_and_run_pages_fit_both_widths_and_themes_and_pass_axe(
                     for name, url in pages.items():
                         page.goto(live_server.url + url)
                         expect(page.locator("#content")).to_be_visible()
-                        assert page.evaluate(
-                            "() => document.documentElement.dataset.theme"
-                        ) == theme, (name, theme)
+                        assert (
+                            page.evaluate("() => document.documentElement.dataset.theme") == theme
+                        ), (name, theme)
                         key = f"{name}-{width}-{theme}"
                         page.screenshot(path=str(folder / f"{key}.png"), full_page=True)
                         overflow = page.evaluate(OVERFLOW)
@@ -144,6 +154,7 @@ def test_the_dashboard_and_run_pages_fit_both_widths_and_themes_and_pass_axe(
         finally:
             browser.close()
 
+    (folder / "problems.json").write_text(json.dumps(problems, indent=1))
     assert problems == {}, json.dumps(problems, indent=1)
     shots = sorted(path.name for path in folder.glob("*.png"))
     assert len(shots) >= len(pages) * len(WIDTHS) * len(THEMES)
@@ -162,7 +173,8 @@ def test_the_run_page_shows_the_path_and_the_dashboard_links_into_the_lists(
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1366, "height": 1000})
-            log_in(page, live_server.url, f"/admin/kumiko_workflows/workflowrun/{ids['waiting']}/change/")
+            waiting = f"/admin/kumiko_workflows/workflowrun/{ids['waiting']}/change/"
+            log_in(page, live_server.url, waiting)
             here = page.locator('[aria-current="step"]')
             expect(here).to_have_count(2)  # the branch, and the wait inside it
             expect(here.last).to_contain_text("waiting here")

@@ -1,4 +1,4 @@
-"""The dashboard's figures from real runs: per hour and day, kept days, tenants, backlog, workers."""
+"""The dashboard's figures from real runs: per hour and day, kept days, tenants, backlog."""
 
 from __future__ import annotations
 

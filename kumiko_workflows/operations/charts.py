@@ -75,13 +75,15 @@ def bar_chart(
     height: int = 200,
     tick_every: int = 3,
     what: str = "",
+    compact: bool = False,
 ) -> Chart:
     """The geometry of ``series`` drawn ``width`` × ``height`` (SVG user units).
 
     ``label`` names a bucket (its start) on the axis and in bar titles;
-    every ``tick_every``-th bucket gets a tick label.
+    every ``tick_every``-th bucket gets a tick label. ``compact``: no
+    margins, grid or ticks (a sparkline beside its figures).
     """
-    left, right, top, bottom_pad = 44, 8, 10, 26
+    left, right, top, bottom_pad = (0, 0, 1, 0) if compact else (44, 8, 10, 26)
     bottom = height - bottom_pad
     plot_w, plot_h = width - left - right, bottom - top
     count = len(series.starts) or 1
@@ -91,7 +93,8 @@ def bar_chart(
     ceiling = nice_ceiling(peak)
     scale = plot_h / ceiling
     chart = Chart(width, height, left, bottom)
-    for value in (0, ceiling // 2, ceiling) if ceiling > 1 else (0, ceiling):
+    lines = (0, ceiling // 2, ceiling) if ceiling % 2 == 0 else (0, ceiling)
+    for value in () if compact else lines:
         chart.grid.append(Grid(round(bottom - value * scale, 1), f"{value:,}"))
     for i, start in enumerate(series.starts):
         x = left + i * slot + slot * 0.1
@@ -125,7 +128,7 @@ def bar_chart(
                     f"{name}: {n:,} {kind}",
                 )
             )
-        if (count - 1 - i) % tick_every == 0:  # the latest bucket always named
+        if not compact and (count - 1 - i) % tick_every == 0:  # the latest always named
             chart.ticks.append(Tick(round(x + bar_w, 1), name))
     totals = ", ".join(f"{series.total(kind):,} {kind}" for kind in ("started", *STACK))
     chart.summary = f"{what}: {totals}" if what else totals

@@ -130,7 +130,7 @@ def _branch_arm(step: Any, arm: str) -> str:
 #: The shapes of the package's step kinds, by ``Step.kind``.
 SHAPES: dict[str, Shape] = {
     "compute": Shape("ƒ", lambda step: step.name, lambda step: _fn(step.fn)),
-    "wait": Shape("⏱", lambda step: "wait", _wait_detail),
+    "wait": Shape("◷", lambda step: "wait", _wait_detail),
     "wait_for_event": Shape("✉", lambda step: f"wait for {step.awaits_key!r}", _event_detail),
     "retry": Shape("↻", lambda step: "retry", _retry_detail, layout="body"),
     "branch": Shape(
