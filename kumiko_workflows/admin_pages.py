@@ -371,19 +371,20 @@ class EventKindFilter(admin.SimpleListFilter):
 
 
 def step_cell(workflow_name: str, step: str, version: int | None) -> str:
-    """A step position with its step's name under it (``1.then.1`` / ``wait``), kept short."""
+    """A step position with its step's symbol and title under it (``1.then.1`` / ``◷ wait``)."""
     if not step:
         return EMPTY
     workflow = registry.get(workflow_name, version)
     found = workflow.step_at(step) if workflow is not None else None
     if found is None:
         return format_html('<span class="kw-nowrap">{}</span>', step)
-    name = diagram.shape_of(found).title(found)
+    shape = diagram.shape_of(found)
     return format_html(
-        '<span class="kw-nowrap">{}</span><span class="kw-step-name">{} {}</span>',
+        '<span class="kw-nowrap">{}</span><span class="kw-step-name">'
+        '<span aria-hidden="true">{} </span>{}</span>',
         step,
-        found.kind,
-        name if name != found.kind else "",
+        shape.glyph,
+        shape.title(found),
     )
 
 

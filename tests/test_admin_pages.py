@@ -232,10 +232,16 @@ def test_lists_read_at_a_glance(client, root):
             f"{symbol}</span>{status}</span>" in runs
         )
     # The failed run is at no current step; the waiting one says where, with the name.
-    assert '<span class="kw-nowrap">0</span><span class="kw-step-name">wait_for_event' in runs
-    assert "wait_for_event &#x27;verified&#x27;" not in runs  # not the long label
+    assert (
+        '<span class="kw-nowrap">0</span><span class="kw-step-name"><span aria-hidden="true">'
+        "✉ </span>wait for &#x27;verified&#x27;</span>" in runs
+    )
+    assert "(wait_for_event &#x27;verified&#x27;)" not in runs  # not the long label
     pending = text_of(client.get(reverse(PENDING)))
-    assert '<span class="kw-nowrap">1</span><span class="kw-step-name">wait' in pending
+    assert (
+        '<span class="kw-nowrap">1</span><span class="kw-step-name"><span aria-hidden="true">◷ </span>wait</span>'
+        in pending
+    )
     engine = client.get(reverse(EVENTS), {"kind": "engine"})
     domain = client.get(reverse(EVENTS), {"kind": "domain"})
     assert {e.aggregate_type for e in engine.context["cl"].result_list} == {"workflow-run"}
