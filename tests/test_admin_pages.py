@@ -239,8 +239,8 @@ def test_lists_read_at_a_glance(client, root):
     assert "(wait_for_event &#x27;verified&#x27;)" not in runs  # not the long label
     pending = text_of(client.get(reverse(PENDING)))
     assert (
-        '<span class="kw-nowrap">1</span><span class="kw-step-name"><span aria-hidden="true">◷ </span>wait</span>'
-        in pending
+        '<span class="kw-nowrap">1</span><span class="kw-step-name"><span aria-hidden="true">'
+        "◷ </span>wait</span>" in pending
     )
     engine = client.get(reverse(EVENTS), {"kind": "engine"})
     domain = client.get(reverse(EVENTS), {"kind": "domain"})
