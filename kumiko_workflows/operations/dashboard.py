@@ -244,46 +244,67 @@ def _day_end(start: datetime) -> datetime:
     return timezone.make_aware(datetime.combine(following, datetime.min.time()))
 
 
-def keep_day(start: datetime, now: datetime) -> None:
-    """Count every tenant's runs of the local day from ``start`` and keep them (:class:`RunDay`).
+def keep_days(starts: Sequence[datetime], now: datetime) -> None:
+    """Count every tenant's runs of the local days from ``starts`` and keep them (:class:`RunDay`).
 
-    Two grouped reads of the day's range of the run indexes; the rows and
-    the day's marker are inserted together, ignoring conflicts, so two
-    views counting one day at once keep one copy.
+    Two grouped reads of the days' range of the run indexes (by tenant,
+    workflow and day), whatever the number of days; the rows and each day's
+    marker are inserted together, ignoring conflicts, so two views counting
+    one day at once keep one copy.
     """
-    zone = timezone.get_current_timezone_name()
-    day = timezone.localtime(start).date()
-    end = _day_end(start)
-    rows: dict[tuple[str, str], RunDay] = {}
+    if not starts:
+        return
+    zone = timezone.get_current_timezone()
+    zone_name = timezone.get_current_timezone_name()
+    wanted = {timezone.localtime(start).date() for start in starts}
+    since, until = min(starts), _day_end(max(starts))
+    rows: dict[tuple[str, str, Any], RunDay] = {}
 
-    def row(tenant: str, name: str) -> RunDay:
-        found = rows.get((tenant, name))
+    def row(tenant: str, name: str, bucket: datetime) -> RunDay | None:
+        day = timezone.localtime(bucket).date()
+        if day not in wanted:
+            return None  # a day between the missing ones, kept already
+        found = rows.get((tenant, name, day))
         if found is None:
-            found = rows[(tenant, name)] = RunDay(
-                tenant_id=tenant, zone=zone, day=day, workflow_name=name, counted_at=now
+            found = rows[(tenant, name, day)] = RunDay(
+                tenant_id=tenant, zone=zone_name, day=day, workflow_name=name, counted_at=now
             )
         return found
 
     runs = WorkflowRun.objects.all()
-    started = _finished(runs, "started_at", start, end).order_by()
-    for tenant, name, n in started.values_list("tenant_id", "workflow_name").annotate(
-        n=Count("pk")
-    ):
-        row(tenant, name).started += n
-    finished = _finished(runs, "finished_at", start, end).order_by()
-    grouped = finished.values_list("tenant_id", "workflow_name", "status", "failure_reason")
-    for tenant, name, status, reason, n in grouped.annotate(n=Count("pk")):
+    started = (
+        _finished(runs, "started_at", since, until)
+        .annotate(bucket=Trunc("started_at", "day", tzinfo=zone))
+        .order_by()
+        .values_list("tenant_id", "workflow_name", "bucket")
+        .annotate(n=Count("pk"))
+    )
+    for tenant, name, bucket, n in started:
+        kept = row(tenant, name, bucket)
+        if kept is not None:
+            kept.started += n
+    finished = (
+        _finished(runs, "finished_at", since, until)
+        .annotate(bucket=Trunc("finished_at", "day", tzinfo=zone))
+        .order_by()
+        .values_list("tenant_id", "workflow_name", "bucket", "status", "failure_reason")
+        .annotate(n=Count("pk"))
+    )
+    for tenant, name, bucket, status, reason, n in finished:
         kind = _FINISHED.get(status)
-        if kind is None:
+        kept = row(tenant, name, bucket) if kind is not None else None
+        if kind is None or kept is None:
             continue
-        kept = row(tenant, name)
         setattr(kept, kind, getattr(kept, kind) + n)
         if kind == "failed":
             key = reason or "(no reason recorded)"
             kept.reasons[key] = kept.reasons.get(key, 0) + n
-    marker = RunDay(tenant_id="", zone=zone, day=day, workflow_name="", counted_at=now)
+    markers = [
+        RunDay(tenant_id="", zone=zone_name, day=day, workflow_name="", counted_at=now)
+        for day in sorted(wanted)
+    ]
     with db.atomic():
-        RunDay.objects.bulk_create([*rows.values(), marker], ignore_conflicts=True)
+        RunDay.objects.bulk_create([*rows.values(), *markers], ignore_conflicts=True)
 
 
 def _count_kept(
@@ -294,9 +315,7 @@ def _count_kept(
     days = {timezone.localtime(start).date(): start for start in starts}
     kept = RunDay.objects.filter(zone=zone, day__in=list(days))
     counted = set(kept.filter(workflow_name="", tenant_id="").values_list("day", flat=True))
-    for day, start in days.items():
-        if day not in counted:
-            keep_day(start, tally.now)
+    keep_days([start for day, start in days.items() if day not in counted], tally.now)
     rows = kept.exclude(workflow_name="")
     if tenant is not None:
         rows = rows.filter(tenant_id=tenant)
