@@ -16,7 +16,7 @@ costs what the range holds, never what the tables hold:
 - the failure reasons present read ``kw_run_failure_reason`` (failed runs
   only), one probe per known reason;
 - the due backlog reads the due range of ``kw_pending_due`` per tenant
-  (:func:`kumiko_workflows.store.db.due_backlog`, counted up to
+  (:func:`kumiko_workflows.store.claims.due_backlog`, counted up to
   :data:`DUE_CAP`), and the oldest due row one index probe per tenant;
 - the workers are the heartbeat table (a row per worker process), their
   ages on the database's clock.
@@ -41,11 +41,11 @@ from django.utils import timezone
 from kumiko_workflows.models import (
     RunDay,
     RunStatus,
-    WorkerHeartbeat,
     WorkflowRun,
     WorkflowRunPending,
 )
 from kumiko_workflows.operations.explain import humanize
+from kumiko_workflows.operations.status import DUE_CAP, due_by_tenant, oldest_due, workers
 from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import FAILURE_REASONS
 
@@ -57,8 +57,6 @@ _FINISHED = {
     RunStatus.FAILED: "failed",
     RunStatus.CANCELLED: "cancelled",
 }
-#: Due rows counted per tenant up to this many (as the due-backlog gauge does).
-DUE_CAP = 100_000
 #: Failure reasons listed, most frequent first.
 TOP_REASONS = 5
 #: A day's counts are kept (:class:`RunDay`) once it has been over this long.
@@ -337,87 +335,8 @@ def _count_kept(
 
 def due_backlog(tenant: str | None, now: datetime) -> tuple[int, bool]:
     """Due pending rows (each tenant counted up to :data:`DUE_CAP`), and whether a cap was hit."""
-    counts = [
-        count
-        for each, count in db.due_backlog(now, DUE_CAP)
-        if count and (tenant is None or each == tenant)
-    ]
+    counts = list(due_by_tenant(tenant, now).values())
     return sum(counts), any(count >= DUE_CAP for count in counts)
-
-
-def due_by_tenant(tenant: str | None, now: datetime) -> dict[str, int]:
-    """The backlog per tenant: due rows of each tenant that has some, largest first.
-
-    Counted up to :data:`DUE_CAP` each, one index range per tenant (see
-    ``db.due_backlog``). A pass takes a turn of each of them in turn.
-    """
-    rows = [
-        (each, count)
-        for each, count in db.due_backlog(now, DUE_CAP)
-        if count and (tenant is None or each == tenant)
-    ]
-    return dict(sorted(rows, key=lambda row: (-row[1], row[0])))
-
-
-def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:
-    """The oldest due pending row and how long it has waited for a worker (its lag), or None.
-
-    Without a tenant, one probe of ``kw_pending_due`` per tenant that has due
-    rows (the index leads with the tenant), the oldest of them kept.
-    """
-    tenants = [tenant] if tenant is not None else db.due_tenants(now)
-    found = []
-    for each in tenants:
-        due = WorkflowRunPending.objects.filter(tenant_id=each).due(now)
-        row = due.order_by("wake_at", "id").first()
-        if row is not None and row.wake_at is not None:
-            found.append(row)
-    if not found:
-        return None
-    oldest = min(found, key=lambda row: (row.wake_at, row.id))
-    assert oldest.wake_at is not None
-    lag = now - oldest.wake_at
-    return {
-        "run_id": str(oldest.run_id),
-        "tenant_id": oldest.tenant_id,
-        "workflow_name": oldest.workflow_name,
-        "step": oldest.step,
-        "suspension_type": oldest.suspension_type,
-        "due_since": oldest.wake_at.isoformat(),
-        "lag_seconds": round(lag.total_seconds(), 3),
-        "lag": humanize(lag),
-    }
-
-
-def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
-    """The workers' heartbeats, freshest first: those serving ``tenant``, on ``host``.
-
-    Their age is measured on the database's clock, as they were written
-    (:meth:`kumiko_workflows.engine.worker.Heartbeat.beat`).
-    """
-    now = db.database_now()
-    rows = []
-    for beat in WorkerHeartbeat.objects.order_by("-seen_at", "name"):
-        serves = not beat.tenants or tenant is None or tenant in beat.tenants
-        if not serves or (host is not None and beat.hostname != host):
-            continue
-        age = now - beat.seen_at
-        rows.append(
-            {
-                "name": beat.name,
-                "hostname": beat.hostname,
-                "pid": beat.pid,
-                "tenants": beat.tenants or None,
-                "loop": beat.loop,
-                "started_at": beat.started_at.isoformat(),
-                "seen_at": beat.seen_at.isoformat(),
-                "age_seconds": round(age.total_seconds(), 3),
-                "age": humanize(age),
-                # Newer definitions whose runs it leaves: its code is stale.
-                "left_code": beat.left_code or [],
-            }
-        )
-    return rows
 
 
 def failure_reasons_present(runs: Any = None) -> list[str]:

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.models import RunStatus
 from kumiko_workflows.operations.explain import describe_match, humanize, short_json, when
-from kumiko_workflows.steps import Step, callable_name, iter_steps, path_text
-from kumiko_workflows.workflow.definition import Workflow, reached
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.positions import reached
+from kumiko_workflows.workflow.step_kind import Step, callable_name, iter_steps, path_text
 
 #: Layouts of a step's arms (see the module docstring).
 LAYOUTS = ("sequence", "alternatives", "parallel", "body")

@@ -11,8 +11,10 @@ a worker's code is older than runs it met (it left them for a worker with
 newer code: restart it).
 A heartbeat's age is read on the database's clock, the one it was written
 with, never on this process's. With the database unreachable, every form
-prints one line (``--json``: an object saying so) and exits 1.
+prints one line (``--json``: an object saying so) and exits 1. The report
+itself is :mod:`kumiko_workflows.operations.status`; this is its shell.
 """
+
 
 from __future__ import annotations
 
@@ -22,139 +24,19 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError
-from django.db.models import Count
 
-from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.management.arguments import positive_int, seconds_or_off
-from kumiko_workflows.models import RunStatus, WorkflowRun, WorkflowRunPending
-from kumiko_workflows.operations.dashboard import due_by_tenant, oldest_due, workers
-from kumiko_workflows.operations.explain import step_label
+from kumiko_workflows.models import RunStatus
+from kumiko_workflows.operations.status import (
+    health,
+    status_report,
+)
 from kumiko_workflows.operations.versions import (
     VersionRow,
     stale_workers,
     version_lines,
-    version_table,
 )
 from kumiko_workflows.workflow import clock
-
-
-def status_report(
-    tenant: str | None, now: datetime, failed_limit: int | None = None
-) -> dict[str, Any]:
-    """Everything the command prints, as JSON-ready data."""
-    runs = WorkflowRun.objects.for_tenant(tenant)
-    statuses = [choice.value for choice in RunStatus]
-    workflows: dict[str, dict[str, int]] = {}
-    for row in runs.order_by().values("workflow_name", "status").annotate(n=Count("run_id")):
-        counts = workflows.setdefault(row["workflow_name"], dict.fromkeys(statuses, 0))
-        counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
-    for counts in workflows.values():
-        counts["total"] = sum(counts.values())
-
-    pending = WorkflowRunPending.objects.for_tenant(tenant)
-    due = pending.due(now)
-    report: dict[str, Any] = {
-        "now": now.isoformat(),
-        "tenant": tenant,
-        "workflows": dict(sorted(workflows.items())),
-        "in_flight": [row.as_dict() for row in version_table(tenant) if row.in_flight],
-        "pending": {
-            "total": pending.count(),
-            "due": due.count(),
-            "oldest_due": oldest_due(tenant, now),
-            "due_by_tenant": due_by_tenant(tenant, now),
-        },
-        "workers": workers(tenant),
-    }
-    report["cron"] = cron_schedules(tenant, now)
-    if failed_limit is not None:
-        rows = runs.failed().order_by("-finished_at", "-updated_at")[:failed_limit]
-        report["failed"] = [
-            {
-                "run_id": str(run.run_id),
-                "tenant_id": run.tenant_id,
-                "workflow_name": run.workflow_name,
-                "idempotency_key": run.idempotency_key,
-                "reason": run.failure_reason,
-                "step": run.step,
-                "workflow_version": run.workflow_version,
-                "step_label": step_label(run.workflow_name, run.step, run.workflow_version),
-                "error_class": run.error_class,
-                "failed_at": run.finished_at.isoformat() if run.finished_at else None,
-            }
-            for run in rows
-        ]
-    return report
-
-
-def health(
-    tenant: str | None,
-    now: datetime,
-    *,
-    max_lag: float | None,
-    max_heartbeat_age: float | None,
-    host: str | None = None,
-) -> dict[str, Any]:
-    """What ``--check`` decides: the lag, the freshest heartbeat, the problems (none: healthy).
-
-    A limit of None is not checked (its reading is still reported).
-    """
-    due = oldest_due(tenant, now)
-    beats = workers(tenant, host)
-    problems = []
-    if max_lag is not None and due is not None and due["lag_seconds"] > max_lag:
-        problems.append(
-            f"the oldest due run ({due['run_id']}, {due['workflow_name']}, tenant "
-            f"{due['tenant_id']}) has waited {due['lag']} for a worker: more than {max_lag:g} s"
-        )
-    live = [
-        beat
-        for beat in beats
-        if max_heartbeat_age is None or beat["age_seconds"] <= max_heartbeat_age
-    ]
-    problems.extend(stale_workers(tenant, now, {beat["name"] for beat in live}))
-    freshest = beats[0] if beats else None
-    where = f" on host {host}" if host is not None else ""
-    serving = f" serving tenant {tenant}" if tenant is not None else ""
-    limit = max_heartbeat_age
-    if limit is not None and freshest is None:
-        problems.append(f"no worker{where}{serving} has ever passed (no heartbeat)")
-    elif limit is not None and freshest is not None and freshest["age_seconds"] > limit:
-        problems.append(
-            f"no worker{where}{serving} has passed in the last {limit:g} s "
-            f"(the latest, {freshest['name']}, {freshest['age']} ago)"
-        )
-    return {
-        "healthy": not problems,
-        "problems": problems,
-        "max_lag_seconds": max_lag,
-        "max_heartbeat_age_seconds": max_heartbeat_age,
-        "oldest_due": due,
-        "worker": freshest,
-    }
-
-
-# --- cron schedules (owned by kumiko_workflows.cron) ----------------------------
-
-
-def cron_schedules(tenant: str | None, now: datetime) -> list[dict[str, Any]]:
-    """Each cron workflow's last fired and next slot, per cron tenant."""
-
-    rows = []
-    for row in schedule_overview(now=now):
-        if tenant is not None and row["tenant_id"] != tenant:
-            continue
-        rows.append(
-            {
-                **row,
-                "started_at": row["started_at"].isoformat() if row["started_at"] else None,
-                "last_slot": row["last_slot"].isoformat() if row["last_slot"] else None,
-                "last_run_id": str(row["last_run_id"]) if row["last_run_id"] else None,
-                "next_slot": row["next_slot"].isoformat() if row["next_slot"] else None,
-                "paused_at": row["paused_at"].isoformat() if row["paused_at"] else None,
-            }
-        )
-    return rows
 
 
 def print_cron(command: BaseCommand, rows: list[dict[str, Any]]) -> None:

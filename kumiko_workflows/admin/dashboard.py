@@ -1,10 +1,11 @@
-"""The admin's pages beyond the lists: the dashboard, a workflow's own page, a run's picture.
+"""The admin dashboard and a workflow's own page: their context and their views.
 
 The figures come from :mod:`kumiko_workflows.operations.dashboard`, the
+charts' geometry from :mod:`kumiko_workflows.operations.charts`, the
 diagram from :mod:`kumiko_workflows.operations.diagram`; this module turns
-them into template context with the links into the filtered lists. Every
-text reaches the page through a template, so it is escaped there (workflow
-names, failure reasons, step results and event payloads are user data).
+them into template context with the links into the filtered lists, and
+serves both pages as views of the run admin (:class:`PagesMixin`), with its
+permission and its tenant scoping.
 """
 
 from __future__ import annotations
@@ -12,19 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
-from urllib.parse import urlencode
 
-from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 from django.utils import timezone
-from django.utils.html import format_html
 
-from kumiko_workflows import event_types as et
-from kumiko_workflows.models import Event, RunStatus, WorkflowRun
+from kumiko_workflows.admin.pictures import EMPTY, Links
+from kumiko_workflows.models import RunStatus
 from kumiko_workflows.operations import charts, diagram
 from kumiko_workflows.operations.dashboard import (
     KINDS,
@@ -33,68 +30,13 @@ from kumiko_workflows.operations.dashboard import (
     Figures,
     Series,
     dashboard,
-    failure_reasons_present,
 )
-from kumiko_workflows.operations.explain import describe_event, humanize, short_payload, when
-from kumiko_workflows.steps import callable_name
+from kumiko_workflows.operations.explain import humanize, when
 from kumiko_workflows.workflow import clock
-from kumiko_workflows.workflow.definition import CronTrigger, Workflow, registry
-
-#: The one placeholder of an empty cell or fact.
-EMPTY = "—"
-#: Aggregate types of the engine's own streams (runs, cron schedules).
-ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
-
-#: A status's symbol, shown beside its colour and its word.
-STATUS_SYMBOLS: dict[str, str] = {
-    "running": "▶",
-    "waiting": "‖",
-    "completed": "✓",
-    "failed": "✗",
-    "cancelled": "⊘",
-}
-
-
-def status_badge(status: str) -> str:
-    """A run's status as a badge: a colour, a symbol and the word."""
-    return format_html(
-        '<span class="kw-badge kw-badge--{}"><span class="kw-sym" aria-hidden="true">{}</span>{}'
-        "</span>",
-        status,
-        STATUS_SYMBOLS.get(status, "•"),
-        status,
-    )
-
-
-class Links:
-    """The admin URLs the pages link to, for one admin site."""
-
-    def __init__(self, site_name: str) -> None:
-        self.site = site_name
-
-    def _name(self, model: str, view: str) -> str:
-        return reverse(f"{self.site}:kumiko_workflows_{model}_{view}")
-
-    def runs(self, **filters: Any) -> str:
-        url = self._name("workflowrun", "changelist")
-        return f"{url}?{urlencode(filters)}" if filters else url
-
-    def pending(self, **filters: Any) -> str:
-        url = self._name("workflowrunpending", "changelist")
-        return f"{url}?{urlencode(filters)}" if filters else url
-
-    def run(self, run_id: Any) -> str:
-        return reverse(f"{self.site}:kumiko_workflows_workflowrun_change", args=[str(run_id)])
-
-    def event(self, event_id: Any) -> str:
-        return reverse(f"{self.site}:kumiko_workflows_event_change", args=[event_id])
-
-    def dashboard(self, workflow: str = "") -> str:
-        url = self._name("workflowrun", "dashboard")
-        return f"{url}?{urlencode({'workflow': workflow})}" if workflow else url
-
-    def workflow(self, name: str) -> str:
-        return reverse(f"{self.site}:kumiko_workflows_workflowrun_workflow", args=[name])
+from kumiko_workflows.workflow.cron import CronTrigger
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.step_kind import callable_name
 
 
 def _iso(instant: datetime) -> str:
@@ -303,104 +245,6 @@ def workflow_context(
     )
     return context
 
-
-def run_picture(
-    run: WorkflowRun, events: list[Event], now: datetime, links: Links
-) -> dict[str, Any]:
-    """A run page's diagram, step results and folded engine details."""
-    workflow = registry.of_run(run.workflow_name, run.workflow_version, run.definition_fingerprint)
-    if workflow is None:
-        workflow = registry.get(run.workflow_name, run.workflow_version)
-    context: dict[str, Any] = {"kw_workflow_url": links.workflow(run.workflow_name)}
-    if workflow is not None:
-        nodes, path = diagram.run_nodes(workflow, run, events, now)
-        context["kw_nodes"] = nodes
-        shown = {node.state for top in nodes for node in top.walk()} - {"static"}
-        context["kw_legend"] = [
-            (state, text) for state, text in diagram.STATES.items() if state in shown
-        ]
-    else:
-        path = diagram.read_path(None, events)
-        context["kw_nodes"] = None
-    context["kw_results"] = diagram.result_rows(workflow, path, links.event)
-    internals = [
-        ("Definition fingerprint", run.definition_fingerprint),
-        ("Stream version", str(run.version)),
-    ]
-    internals.extend((f"State: {key}", str(value)) for key, value in sorted(path.internals.items()))
-    context["kw_internals"] = internals
-    return context
-
-
-# --- list pieces ---------------------------------------------------------------------
-
-
-class FailureReasonFilter(admin.SimpleListFilter):
-    """The failure reasons the user's failed runs have (one index probe per known reason)."""
-
-    title = "failure reason"
-    parameter_name = "failure_reason"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        present = failure_reasons_present(model_admin.get_queryset(request))
-        chosen = self.value()
-        if chosen and chosen not in present:
-            present.append(chosen)  # what the list is filtered by stays named
-        return [(reason, reason) for reason in present]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value()
-        return queryset.filter(failure_reason=value) if value else queryset
-
-
-class EventKindFilter(admin.SimpleListFilter):
-    """Domain events (the site's) apart from the engine's (runs' and schedules' streams)."""
-
-    title = "kind"
-    parameter_name = "kind"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("domain", "domain events"), ("engine", "engine events (runs, schedules)")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() == "domain":
-            return queryset.exclude(aggregate_type__in=ENGINE_AGGREGATE_TYPES)
-        if self.value() == "engine":
-            return queryset.filter(aggregate_type__in=ENGINE_AGGREGATE_TYPES)
-        return queryset
-
-
-def step_cell(workflow_name: str, step: str, version: int | None) -> str:
-    """A step position with its step's symbol and title under it (``1.then.1`` / ``◷ wait``)."""
-    if not step:
-        return EMPTY
-    workflow = registry.get(workflow_name, version)
-    found = workflow.step_at(step) if workflow is not None else None
-    if found is None:
-        return format_html('<span class="kw-nowrap">{}</span>', step)
-    shape = diagram.shape_of(found)
-    return format_html(
-        '<span class="kw-nowrap">{}</span><span class="kw-step-name">'
-        '<span aria-hidden="true">{} </span>{}</span>',
-        step,
-        shape.glyph,
-        shape.title(found),
-    )
-
-
-def payload_preview(event: Event) -> str:
-    """An event's payload in a line: the engine's in words, a domain event's as key=value."""
-    payload = event.payload or {}
-    if event.aggregate_type in ENGINE_AGGREGATE_TYPES:
-        text = describe_event(event.type, payload)
-    else:
-        text = short_payload(payload, 100, type=event.type) if payload else ""
-    if not text:
-        return EMPTY
-    return format_html('<span class="kw-preview" title="{}">{}</span>', text, text)
-
-
-# --- the dashboard and a workflow's page, as views of the run admin ------------------------
 
 
 class PagesMixin:
