@@ -189,12 +189,40 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, float]:
 
 
 def pages(now: Any) -> dict[str, Callable[[], Any]]:
-    """The pages timed, each as the figures it reads."""
+    """The pages timed: the figures each reads, and whole admin pages (HTTP through Django).
+
+    ``page_*`` asks the admin for the page with Django's test client as a
+    superuser: the figures, the SVG charts, the templates, the middleware.
+    """
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user_model = get_user_model()
+    user = user_model.objects.filter(username="bench").first()
+    if user is None:
+        user = user_model.objects.create_superuser("bench", "bench@example.com", "bench")
+    client = Client()
+    client.force_login(user)
+
+    def get(url: str) -> Callable[[], Any]:
+        def fetch() -> Any:
+            response = client.get(url)
+            if response.status_code != 200:
+                raise RuntimeError(f"GET {url} answered {response.status_code}")
+            return response
+
+        return fetch
+
+    admin = "/admin/kumiko_workflows/workflowrun"
     return {
         "dashboard_all": lambda: dashboard(None, now),
         "dashboard_tenant": lambda: dashboard("bench-tenant-3", now),
         "dashboard_workflow": lambda: dashboard(None, now, "bench-workflow-5"),
         "reason_filter": lambda: failure_reasons_present(),
+        "page_dashboard": get(f"{admin}/dashboard/"),
+        "page_dashboard_workflow": get(f"{admin}/dashboard/?workflow=bench-workflow-5"),
+        "page_workflow": get(f"{admin}/workflows/bench-workflow-5/"),
+        "page_run_list_failed": get(f"{admin}/?status__exact=failed"),
     }
 
 
