@@ -19,6 +19,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from kumiko_workflows.admin.pictures import EMPTY, Links
 from kumiko_workflows.models import RunStatus
@@ -73,7 +74,7 @@ def _chart(
                 "label": label(start)
                 if series.unit == "hour"
                 else f"{timezone.localtime(start):%Y-%m-%d}",
-                **{kind: f"{series.counts[kind][i]:,}" for kind in KINDS},
+                **{f"{kind}_text": f"{series.counts[kind][i]:,}" for kind in KINDS},
                 "started": series.counts["started"][i],
                 "failed": series.counts["failed"][i],
                 "started_url": links.runs(
@@ -88,7 +89,63 @@ def _chart(
             }
         )
     totals = [(kind, f"{series.total(kind):,}") for kind in KINDS]
-    return {"chart": chart, "rows": list(reversed(rows)), "totals": totals}
+    return {
+        "chart": chart,
+        "bars": svg_bars(chart),
+        "rows": figure_rows(list(reversed(rows))),
+        "totals": totals,
+    }
+
+
+def svg_bars(chart: charts.Chart) -> str:
+    """The chart's bars as SVG rectangles, each with its title (escaped, as all text here)."""
+    return format_html_join(
+        "",
+        '<rect class="kw-bar--{}" x="{}" y="{}" width="{}" height="{}"><title>{}</title></rect>',
+        (
+            (bar.kind, f"{bar.x:g}", f"{bar.y:g}", f"{bar.width:g}", f"{bar.height:g}", bar.title)
+            for bar in chart.bars
+        ),
+    )
+
+
+def spark(chart: charts.Chart) -> str:
+    """A small chart of runs started per hour, hidden from screen readers (its row has the
+    figures)."""
+    started = [bar for bar in chart.bars if bar.kind == "started"]
+    return format_html(
+        '<svg viewBox="0 0 {} {}" aria-hidden="true" focusable="false" '
+        'preserveAspectRatio="none">{}</svg>',
+        chart.width,
+        chart.height,
+        format_html_join(
+            "",
+            '<rect class="kw-bar--started" x="{}" y="{}" width="{}" height="{}"></rect>',
+            ((f"{b.x:g}", f"{b.y:g}", f"{b.width:g}", f"{b.height:g}") for b in started),
+        ),
+    )
+
+
+def _count_cell(count: int, text: str, url: str) -> str:
+    return format_html('<a href="{}">{}</a>', url, text) if count else "0"
+
+
+def figure_rows(rows: list[dict[str, Any]]) -> str:
+    """The rows of a chart's table: a bucket, its counts, those that count runs linked."""
+    return format_html_join(
+        "",
+        '<tr><th scope="row">{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+        (
+            (
+                row["label"],
+                _count_cell(row["started"], row["started_text"], row["started_url"]),
+                row["completed_text"],
+                _count_cell(row["failed"], row["failed_text"], row["failed_url"]),
+                row["cancelled_text"],
+            )
+            for row in rows
+        ),
+    )
 
 
 def bucket_end(series: Series, i: int) -> datetime:
@@ -119,7 +176,7 @@ def _workflow_row(figures: Figures, links: Links, now: datetime) -> dict[str, An
         "rate": _percent(figures.rate_24h),
         "due": f"{figures.due:,}",
         "oldest_due": f"{humanize(now - oldest)} ago" if oldest else EMPTY,
-        "spark": charts.bar_chart(hourly, _hour_label, width=120, height=24, compact=True),
+        "spark": spark(charts.bar_chart(hourly, _hour_label, width=120, height=24, compact=True)),
     }
 
 
@@ -244,7 +301,6 @@ def workflow_context(
         kw_figures_text=f"{counts}; {figures.due:,} due now",
     )
     return context
-
 
 
 class PagesMixin:

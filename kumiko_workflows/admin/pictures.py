@@ -55,9 +55,14 @@ class Links:
 
     def __init__(self, site_name: str) -> None:
         self.site = site_name
+        self._reversed: dict[str, str] = {}
 
     def _name(self, model: str, view: str) -> str:
-        return reverse(f"{self.site}:kumiko_workflows_{model}_{view}")
+        # A chart's table links each bucket twice: reverse each list's URL once.
+        name = f"{self.site}:kumiko_workflows_{model}_{view}"
+        if name not in self._reversed:
+            self._reversed[name] = reverse(name)
+        return self._reversed[name]
 
     def runs(self, **filters: Any) -> str:
         url = self._name("workflowrun", "changelist")

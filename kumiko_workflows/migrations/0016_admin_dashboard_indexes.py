@@ -54,11 +54,11 @@ class Migration(migrations.Migration):
                 ("zone", models.CharField(max_length=64)),
                 ("day", models.DateField()),
                 ("workflow_name", models.CharField(max_length=200)),
+                ("failure_reason", models.CharField(blank=True, default="", max_length=64)),
                 ("started", models.PositiveIntegerField(default=0)),
                 ("completed", models.PositiveIntegerField(default=0)),
                 ("failed", models.PositiveIntegerField(default=0)),
                 ("cancelled", models.PositiveIntegerField(default=0)),
-                ("reasons", models.JSONField(blank=True, default=dict)),
                 ("counted_at", models.DateTimeField()),
             ],
             options={
@@ -66,7 +66,8 @@ class Migration(migrations.Migration):
                 "indexes": [models.Index(fields=["zone", "day"], name="kw_run_day_zone_day")],
                 "constraints": [
                     models.UniqueConstraint(
-                        fields=("tenant_id", "zone", "day", "workflow_name"), name="kw_run_day"
+                        fields=("tenant_id", "zone", "day", "workflow_name", "failure_reason"),
+                        name="kw_run_day",
                     )
                 ],
             },

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
@@ -256,16 +256,21 @@ def keep_days(starts: Sequence[datetime], now: datetime) -> None:
     zone_name = timezone.get_current_timezone_name()
     wanted = {timezone.localtime(start).date() for start in starts}
     since, until = min(starts), _day_end(max(starts))
-    rows: dict[tuple[str, str, Any], RunDay] = {}
+    rows: dict[tuple[str, str, Any, str], RunDay] = {}
 
-    def row(tenant: str, name: str, bucket: datetime) -> RunDay | None:
+    def row(tenant: str, name: str, bucket: datetime, reason: str = "") -> RunDay | None:
         day = timezone.localtime(bucket).date()
         if day not in wanted:
             return None  # a day between the missing ones, kept already
-        found = rows.get((tenant, name, day))
+        found = rows.get((tenant, name, day, reason))
         if found is None:
-            found = rows[(tenant, name, day)] = RunDay(
-                tenant_id=tenant, zone=zone_name, day=day, workflow_name=name, counted_at=now
+            found = rows[(tenant, name, day, reason)] = RunDay(
+                tenant_id=tenant,
+                zone=zone_name,
+                day=day,
+                workflow_name=name,
+                failure_reason=reason,
+                counted_at=now,
             )
         return found
 
@@ -290,13 +295,16 @@ def keep_days(starts: Sequence[datetime], now: datetime) -> None:
     )
     for tenant, name, bucket, status, reason, n in finished:
         kind = _FINISHED.get(status)
-        kept = row(tenant, name, bucket) if kind is not None else None
-        if kind is None or kept is None:
+        if kind is None:
             continue
-        setattr(kept, kind, getattr(kept, kind) + n)
-        if kind == "failed":
-            key = reason or "(no reason recorded)"
-            kept.reasons[key] = kept.reasons.get(key, 0) + n
+        kept = row(
+            tenant,
+            name,
+            bucket,
+            (reason or "(no reason recorded)")[:64] if kind == "failed" else "",
+        )
+        if kept is not None:
+            setattr(kept, kind, getattr(kept, kind) + n)
     markers = [
         RunDay(tenant_id="", zone=zone_name, day=day, workflow_name="", counted_at=now)
         for day in sorted(wanted)
@@ -320,17 +328,24 @@ def _count_kept(
     if workflow is not None:
         rows = rows.filter(workflow_name=workflow)
     position = {day: tally.days.index(start) for day, start in days.items()}
-    columns = ("day", "workflow_name", "started", "completed", "cancelled", "failed", "reasons")
-    for day, name, started, completed, cancelled, failed, reasons in rows.values_list(*columns):
+    # Summed in SQL over the tenants: a row per day, workflow and reason.
+    summed = (
+        rows.order_by()
+        .values_list("day", "workflow_name", "failure_reason")
+        .annotate(
+            started_n=Sum("started"),
+            completed_n=Sum("completed"),
+            cancelled_n=Sum("cancelled"),
+            failed_n=Sum("failed"),
+        )
+    )
+    for day, name, reason, started, completed, cancelled, failed in summed:
         at = position[day]
         for kind, n in (("started", started), ("completed", completed), ("cancelled", cancelled)):
             if n:
                 tally.add("day", at, name, kind, n)
-        for reason, n in (reasons or {}).items():
-            tally.add("day", at, name, "failed", n, reason)
-        unexplained = failed - sum((reasons or {}).values())
-        if unexplained > 0:
-            tally.add("day", at, name, "failed", unexplained)
+        if failed:
+            tally.add("day", at, name, "failed", failed, reason)
 
 
 def due_backlog(tenant: str | None, now: datetime) -> tuple[int, bool]:
