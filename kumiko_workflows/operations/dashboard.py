@@ -348,12 +348,6 @@ def _count_kept(
             tally.add("day", at, name, "failed", failed, reason)
 
 
-def due_backlog(tenant: str | None, now: datetime) -> tuple[int, bool]:
-    """Due pending rows (each tenant counted up to :data:`DUE_CAP`), and whether a cap was hit."""
-    counts = list(due_by_tenant(tenant, now).values())
-    return sum(counts), any(count >= DUE_CAP for count in counts)
-
-
 def failure_reasons_present(runs: Any = None) -> list[str]:
     """The failure reasons that failed runs (of ``runs``, default all) have, in the known order.
 
@@ -365,15 +359,23 @@ def failure_reasons_present(runs: Any = None) -> list[str]:
     return [reason for reason in FAILURE_REASONS if failed.filter(failure_reason=reason).exists()]
 
 
-def _due_per_workflow(tenant: str | None, workflow: str | None, now: datetime) -> list[Any]:
-    pending = WorkflowRunPending.objects.for_tenant(tenant).due(now)
-    if workflow is not None:
-        pending = pending.filter(workflow_name=workflow)
-    return list(
-        pending.order_by()
-        .values_list("workflow_name")
-        .annotate(n=Count("pk"), oldest=Min("wake_at"))
-    )
+def _due_per_workflow(
+    tenants: Sequence[str], workflow: str | None, now: datetime
+) -> list[tuple[str, int, datetime]]:
+    """Due rows per workflow, and the oldest's wake time: the due range of ``kw_pending_due``
+    of each tenant that has due rows (never the rows due later)."""
+    found: dict[str, tuple[int, datetime]] = {}
+    for tenant in tenants:
+        pending = WorkflowRunPending.objects.filter(tenant_id=tenant).due(now)
+        if workflow is not None:
+            pending = pending.filter(workflow_name=workflow)
+        grouped = pending.order_by().values_list("workflow_name")
+        for name, n, oldest in grouped.annotate(n=Count("pk"), oldest=Min("wake_at")):
+            before = found.get(name)
+            if before is not None:
+                n, oldest = n + before[0], min(oldest, before[1])
+            found[name] = (n, oldest)
+    return [(name, n, oldest) for name, (n, oldest) in sorted(found.items())]
 
 
 def dashboard(tenant: str | None, now: datetime, workflow: str | None = None) -> Dashboard:
@@ -391,11 +393,14 @@ def dashboard(tenant: str | None, now: datetime, workflow: str | None = None) ->
     if rest:
         _count_live(tally, runs, "day", rest, _day_end(rest[-1]))
     by_name, overall = tally.by_name, tally.overall
-    for name, n, oldest in _due_per_workflow(tenant, workflow, now):
+    backlog = due_by_tenant(tenant, now)
+    for name, n, since in _due_per_workflow(list(backlog), workflow, now):
         figures = tally.named(name)
-        figures.due, figures.oldest_due = n, oldest
+        figures.due, figures.oldest_due = n, since
+    oldest: dict[str, Any] | None
     if workflow is None:
-        due, capped = due_backlog(tenant, now)
+        due = sum(backlog.values())
+        capped = any(count >= DUE_CAP for count in backlog.values())
         oldest = oldest_due(tenant, now)
     else:
         due, capped = sum(figures.due for figures in by_name.values()), False
