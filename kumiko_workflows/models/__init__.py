@@ -8,8 +8,8 @@ and ``WorkflowRunPending`` (one row per suspended step: when it is due,
 engine's bookkeeping (tombstones, heartbeats, the signals' outbox, deployed
 definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`;
 the admin dashboard's kept counts of past days,
-:mod:`~kumiko_workflows.models.dashboard`; the outbox on the site's databases and its relays' records,
-:mod:`~kumiko_workflows.models.outbox`; the flow-control slots
+:mod:`~kumiko_workflows.models.dashboard`; the outbox on the site's
+databases and its relays' records, :mod:`~kumiko_workflows.models.outbox`; the flow-control slots
 (``LimitSlot``, ``RateSlot``, projections too),
 :mod:`~kumiko_workflows.models.limits`.
 Django finds every model here, as ``kumiko_workflows.models``.
