@@ -48,7 +48,15 @@ def assert_result_lines(output: str) -> None:
         ), output
     # The drain at the configured BATCH_SIZE and at one run per commit, each beside the floor,
     # and traced beside untraced.
-    for name in ("append", "drain", "drain_batch1", "drain_traced", "tasks"):
+    # The batched modes beside the batched floor too.
+    for name in (
+        "append",
+        "drain",
+        "drain_vs_batched_floor",
+        "drain_batch1",
+        "drain_traced",
+        "tasks",
+    ):
         assert re.search(rf"^RATIO name={name} value=[\d.]+$", output, re.M), output
     # Django tasks: enqueued, then executed beside the same number of one-step runs.
     for name in ("tasks", "tasks_enqueue"):
@@ -67,6 +75,7 @@ def assert_result_lines(output: str) -> None:
         assert re.search(r"^RESULT name=kumiko_wake n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=drain_2 value=", output, re.M), output
         assert re.search(r"^RATIO name=drain_2_vs_1 value=", output, re.M), output
+        assert re.search(r"^RATIO name=drain_2_vs_batched_floor value=", output, re.M), output
         assert re.search(r"^RESULT name=kumiko_slow_step n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=fairness value=[\d.]+$", output, re.M), output
         assert re.search(
