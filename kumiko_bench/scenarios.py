@@ -71,6 +71,7 @@ SCENARIOS = (
     "wake",
     "wake_scale",
     "awaited_append",
+    "profile",
     "memory",
     "unanalysed",
     "tasks",
@@ -86,6 +87,7 @@ DEFAULT_N = {
     "wake": 50,
     "wake_scale": 100_000,
     "awaited_append": 1000,
+    "profile": 2000,
     "unanalysed": 10_000,
     "tasks": 2000,
 }
@@ -1155,6 +1157,56 @@ class Bench:
                 f"plain_ms={per[plain]:.3f} cost={cost:.2f}"
             )
 
+    def scenario_profile(self) -> None:
+        """Where a resumed run's time goes: N due runs drained in this process under cProfile.
+
+        At ``BATCH_SIZE=1`` and at the configured size, each on fresh rows.
+        Each function's own time is put in a layer by its module: the
+        database (the driver waiting for the server: its round trips and
+        the server's work), the driver (psycopg's Python), Django, the
+        engine (``kumiko_workflows``) and the rest (the standard library:
+        JSON, UUIDs, datetimes). Prints ``PROFILE batch=… us_per_run=…
+        database=…% driver=…% django=…% engine=…% other=…%`` and the
+        engine's five costliest functions (``KUMIKO_BENCH_PROFILE_DUMP=1``
+        also prints the 25 costliest of all). The profiler's own overhead
+        inflates the Python layers (by about a third); the shares, not the
+        absolute figures, are the point.
+        """
+        import cProfile
+        import pstats
+
+        n = self.size("profile")
+        user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
+        for size in dict.fromkeys((1, int(_setting("BATCH_SIZE")))):
+            self.fresh_database()
+            self.seed_due_runs(n)
+            with override_settings(KUMIKO_WORKFLOWS={**user, "BATCH_SIZE": size}):
+                _drain(self.tenant, limit=20)  # warm: statements prepared, caches filled
+                profiler = cProfile.Profile()
+                started = time.perf_counter()
+                profiler.enable()
+                done = _drain(self.tenant)
+                profiler.disable()
+                seconds = time.perf_counter() - started
+            layers, engine = _layers(pstats.Stats(profiler))
+            total = sum(layers.values()) or 1.0
+            shares = " ".join(f"{name}={layers[name] / total * 100:.0f}%" for name in LAYERS)
+            per_run = seconds / max(1, done) * 1e6
+            self.out(f"PROFILE batch={size} runs={done} us_per_run={per_run:.0f} {shares}")
+            if os.environ.get("KUMIKO_BENCH_PROFILE_DUMP"):
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+            for name, own in engine[:5]:
+                self.out(f"PROFILE_ENGINE batch={size} {name} us_per_run={own / done * 1e6:.1f}")
+            self.results.append(
+                Result(
+                    f"profile_batch{size}",
+                    done,
+                    seconds,
+                    done / seconds,
+                    note=f"under cProfile: {per_run:.0f} us a run; {shares}",
+                )
+            )
+
     def _time_wakes(self, append_event: Callable[..., Any]) -> list[float]:
         timings = []
         for _ in range(WAKE_SCALE_TRIALS):
@@ -1414,17 +1466,19 @@ def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
     out("DONE " + json.dumps(report))
 
 
-def _drain(tenant: str) -> int:
+def _drain(tenant: str, limit: int | None = None) -> int:
     from kumiko_workflows.engine.resume import resume_due_runs
 
     processed = 0
     while True:
-        report = resume_due_runs(tenant_id=tenant)
+        report = resume_due_runs(tenant_id=tenant, limit=limit)
         if report.errors:
             raise RuntimeError(f"resume_due_runs reported errors: {report}")
         if not report.processed:
             return processed
         processed += report.processed
+        if limit is not None:
+            return processed
 
 
 def _telemetry_on() -> Callable[[], dict[str, int]]:
@@ -1651,6 +1705,37 @@ def _batched_floor(tenant: str, size: int) -> int:
 
 
 # --- small helpers ----------------------------------------------------------------
+
+#: The layers of :meth:`Bench.scenario_profile`, in the order it prints them.
+LAYERS = ("database", "driver", "django", "engine", "other")
+#: psycopg's functions that call libpq to send a statement or wait for its result.
+_ROUND_TRIPS = frozenset(
+    {"wait", "wait_c", "_send_query_prepared", "_send_prepare", "_exec_command"}
+)
+
+
+def _layers(stats: Any) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Own time per layer of a profile, and the engine's functions by own time."""
+    layers = dict.fromkeys(LAYERS, 0.0)
+    engine: dict[str, float] = {}
+    for (filename, _line, function), row in stats.stats.items():
+        own = row[2]
+        path = filename.replace("\\", "/")
+        if "/psycopg" in path:
+            # libpq's sends and the driver's waits for the server (C code, counted
+            # in the Python function that calls it): the round trips and the
+            # server's work. The rest of psycopg is its Python.
+            layer = "database" if function in _ROUND_TRIPS else "driver"
+        elif "/django/" in path:
+            layer = "django"
+        elif "/kumiko_workflows/" in path:
+            layer = "engine"
+            name = f"{path.rsplit('/kumiko_workflows/', 1)[1]}:{function}"
+            engine[name] = engine.get(name, 0.0) + own
+        else:
+            layer = "other"
+        layers[layer] += own
+    return layers, sorted(engine.items(), key=lambda item: -item[1])
 
 
 def _copy(instance: Any, **changes: Any) -> Any:
