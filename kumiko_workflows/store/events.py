@@ -41,7 +41,12 @@ from kumiko_workflows.exceptions import (
 from kumiko_workflows.models import Event
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
-from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
+from kumiko_workflows.store.dispatch import (
+    Projection,
+    folded,
+    others_listen_to_post_save,
+    registry,
+)
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.jsonvalues import (
     NotJSON,
@@ -400,30 +405,45 @@ def _insert(
     aggregate = values[1]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
-        sql, params = db_statements.insert_event_sql("next"), [*values, tenant, aggregate, *foreign]
+        shape, params = "next", [*values, tenant, aggregate, *foreign]
     elif expected_version == 0 and aggregate_type in ENGINE_STREAMS:
-        sql, params = db_statements.insert_event_sql("new_engine"), [*values, 1]
+        shape, params = "new_engine", [*values, 1]
     elif expected_version == 0:
-        sql, params = db_statements.insert_event_sql("new"), [*values, 1, *foreign]
+        shape, params = "new", [*values, 1, *foreign]
     else:
-        sql = db_statements.insert_event_sql("after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
-        params = [*values, expected_version + 1, *previous]
+        shape, params = "after", [*values, expected_version + 1, *previous]
+    sql = db_statements.insert_event_sql(shape)
     projected = registry.handles(event.type)
+    checked = (
+        registry.checked_alone(event.type)
+        if projected and db_statements.chains_writes() and not others_listen_to_post_save()
+        else None
+    )
+    if checked is not None:
+        # The wake-up reaction alone: its check rides in the insert (one statement).
+        sql = db_statements.insert_checked_sql(shape)
+        params = db_statements.checked_params(params, tenant, event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
     # A block with a savepoint of its own (or a transaction) can run again
     # once a pooler's refusal of a prepared statement rolled it back: the
     # connection prepares nothing from then on (store.db._PreparingCursor).
     again = projected and (savepoint or not db.in_atomic_block)
+
+    def write() -> bool:
+        if checked is not None:
+            return _write_checked(db, event, sql, params, checked, savepoint)
+        return _write(db, event, sql, params, projected, savepoint)
+
     for _ in range(attempts):
         try:
-            written = _write(db, event, sql, params, projected, savepoint)
+            written = write()
         except DatabaseError as exc:
             if not (again and db_statements.lost_prepared_statement(exc)):
                 raise
             again = False
-            written = _write(db, event, sql, params, projected, savepoint)
+            written = write()
         if written:
             return
         refusal = _refusal(event, expected_version)
@@ -448,6 +468,35 @@ def _write(
             _saved(db, event, rows[0], projected)
             return True
     return False
+
+
+def _write_checked(
+    db: BaseDatabaseWrapper,
+    event: Event,
+    sql: str,
+    params: list[Any],
+    projection: Projection,
+    savepoint: bool,
+) -> bool:
+    """Run the insert with its wake-up check chained; then the reaction's rest.
+
+    In autocommit no transaction is opened: the insert and the check are
+    one statement, and the reaction's wake-up (if anything waits) has its
+    own. Inside the caller's transaction, the savepoint :func:`_write`
+    would take (a pooler's refused prepare is run again at it). Nothing
+    else projects or listens to the event (see
+    :meth:`ProjectionRegistry.checked_alone`).
+    """
+    block = db_statements.atomic(savepoint=savepoint) if db.in_atomic_block else nullcontext()
+    with block:
+        rows = db_statements.run_insert(sql, params, db)
+        if not rows:
+            return False
+        event_id, version, check, scanned, paths = rows[0]
+        _saved(db, event, (event_id, version), False)
+        assert projection.after_check is not None
+        projection.after_check(event, (check, list(paths), bool(scanned)))
+    return True
 
 
 def _row_values(db: BaseDatabaseWrapper, event: Event, json_texts: tuple[str, str]) -> list[Any]:
