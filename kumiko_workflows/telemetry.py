@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +41,7 @@ from kumiko_workflows.workflow import suspensions
 
 try:
     from opentelemetry import context, metrics, trace
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
 except ImportError:  # the optional extra is not installed: every hook is a no-op
     context = metrics = trace = None  # type: ignore[assignment]
 
@@ -205,6 +207,76 @@ def _end(span: Any, token: Any, outcome: str) -> None:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _live() -> _Instruments | None:
+    """The instruments to record with, or None where nothing would be recorded.
+
+    The global providers before a site set any (the API's proxies, with
+    no SDK behind them) record nothing: then the hooks skip building spans
+    and attributes altogether, which cost a resumed run tens of
+    microseconds. They look again on every call, so an SDK set up later
+    is used from then on.
+    """
+    active = _active
+    if active is _global and active is not None and _unset():
+        return None
+    return active
+
+
+def _unset() -> bool:
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider) and isinstance(
+        metrics.get_meter_provider(), _ProxyMeterProvider
+    )
+
+
+class _Tally:
+    """The counts of a batch's committed resumes, added to the instruments once."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[Any, tuple[tuple[str, Any], ...]], int] = {}
+        self.lags: list[tuple[float, dict[str, Any]]] = []
+
+    def take(
+        self, counts: list[tuple[Any, dict[str, Any]]], lag: float | None, labels: dict[str, Any]
+    ) -> None:
+        for counter, attributes in counts:
+            key = (counter, tuple(attributes.items()))
+            self.counts[key] = self.counts.get(key, 0) + 1
+        if lag is not None:
+            self.lags.append((lag, labels))
+
+    def add(self, active: _Instruments) -> None:
+        for (counter, attributes), count in self.counts.items():
+            counter.add(count, dict(attributes))
+        for lag, labels in self.lags:
+            active.resume_lag.record(lag, labels)
+
+
+_tally: ContextVar[_Tally | None] = ContextVar("kumiko_telemetry_tally", default=None)
+
+
+@contextmanager
+def counting_batch() -> Iterator[None]:
+    """Add the counts of the resumes committed inside the block once, at its end.
+
+    Around a worker's batch (its transaction): each resume's counts are
+    gathered at its commit (a resume rolled back with its savepoint or its
+    batch never gets there) and added to the counters as one increment per
+    workflow and outcome, not one per run. The resume lags are still
+    recorded one by one (a histogram takes values, not counts).
+    """
+    active = _live()
+    if active is None:
+        yield
+        return
+    tally = _Tally()
+    token = _tally.set(tally)
+    try:
+        yield
+    finally:
+        _tally.reset(token)
+        tally.add(active)
+
+
 # --- hooks of the engine --------------------------------------------------------
 
 
@@ -219,8 +291,9 @@ def traced_start(start_run: _F) -> _F:
 
     @wraps(start_run)
     def start(workflow: Any, event: Any, *args: Any, **kwargs: Any) -> Any:
-        active = _active
-        assert active is not None
+        active = _live()
+        if active is None:
+            return start_run(workflow, event, *args, **kwargs)
         attributes = {WORKFLOW: workflow.name, VERSION: workflow.version, TENANT: event.tenant_id}
         span = active.tracer.start_span(f"start {workflow.name}", attributes=attributes)
         token = _current(span)
@@ -251,8 +324,9 @@ def traced_resume(resume_row: _F) -> _F:
 
     @wraps(resume_row)
     def resume(row: Any, trigger: Any, now: datetime) -> tuple[str, bool]:
-        active = _active
-        assert active is not None
+        active = _live()
+        if active is None:
+            return resume_row(row, trigger, now)
         state = row.state if isinstance(row.state, dict) else {}
         link = state.get("trace")
         start = _span_context(link)
@@ -290,12 +364,20 @@ def traced_resume(resume_row: _F) -> _F:
         if claimed:
             counts.append((active.resumes, labels))
         if counts:
+            tally = _tally.get()
+            if tally is not None:
+                # Inside a worker's batch: its counts join the batch's at commit
+                # (a rolled-back savepoint's callback never runs), added once.
+                def count() -> None:
+                    tally.take(counts, lag if claimed else None, labels)
 
-            def count() -> None:
-                for counter, attributes in counts:
-                    counter.add(1, attributes)
-                if claimed:
-                    active.resume_lag.record(lag, labels)
+            else:
+
+                def count() -> None:
+                    for counter, attributes in counts:
+                        counter.add(1, attributes)
+                    if claimed:
+                        active.resume_lag.record(lag, labels)
 
             _at_commit(count)
         return segment.outcome, claimed
@@ -305,7 +387,7 @@ def traced_resume(resume_row: _F) -> _F:
 
 def run_step(execution: Any, step: Any, path: tuple[Any, ...]) -> None:
     """Run ``step`` at ``path`` in a span of its own, and time it."""
-    active = _active
+    active = _live()
     if active is None:
         step.run(execution, path)
         return
@@ -354,7 +436,7 @@ def carry(state: dict[str, Any]) -> dict[str, Any]:
 
 def appended(stream: Any, type: str, payload: dict[str, Any]) -> None:
     """A run event was appended to ``stream``: the segment's outcome, and the run counts."""
-    active = _active
+    active = _live()
     if active is None:
         return
     segment = _segment.get()

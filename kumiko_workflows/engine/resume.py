@@ -447,7 +447,7 @@ def _drain_tenant(
         batch = ResumeReport()
         drained = False
         try:
-            with db.atomic():
+            with telemetry.counting_batch(), db.atomic():
                 savepoints = guarded()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):
