@@ -1181,7 +1181,8 @@ class Bench:
             self.fresh_database()
             self.seed_due_runs(n)
             with override_settings(KUMIKO_WORKFLOWS={**user, "BATCH_SIZE": size}):
-                _drain(self.tenant, limit=20)  # warm: statements prepared, caches filled
+                # Warm: statements prepared, caches filled.
+                _drain(self.tenant, limit=max(1, min(20, n // 10)))
                 profiler = cProfile.Profile()
                 started = time.perf_counter()
                 profiler.enable()
@@ -1191,7 +1192,8 @@ class Bench:
             layers, engine = _layers(pstats.Stats(profiler))
             total = sum(layers.values()) or 1.0
             shares = " ".join(f"{name}={layers[name] / total * 100:.0f}%" for name in LAYERS)
-            per_run = seconds / max(1, done) * 1e6
+            done = max(1, done)
+            per_run = seconds / done * 1e6
             self.out(f"PROFILE batch={size} runs={done} us_per_run={per_run:.0f} {shares}")
             if os.environ.get("KUMIKO_BENCH_PROFILE_DUMP"):
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(25)

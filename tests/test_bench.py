@@ -69,6 +69,19 @@ def assert_result_lines(output: str) -> None:
         re.M,
     ), output
     assert re.search(r"^drain_traced .* 2 spans per run exported$", output, re.M), output
+    # An awaited append beside a plain one, alone and in one transaction; the profile.
+    for mode in ("awaited_append", "awaited_append_tx"):
+        assert re.search(
+            rf"^AWAITED_APPEND mode={mode} awaited_ms=[\d.]+ plain_ms=[\d.]+ cost=[\d.]+$",
+            output,
+            re.M,
+        ), output
+    assert re.search(
+        r"^PROFILE batch=1 runs=\d+ us_per_run=\d+ database=\d+% driver=\d+% django=\d+% "
+        r"engine=\d+% other=\d+%$",
+        output,
+        re.M,
+    ), output
     # With 20 rows the planner may rightly prefer a sequential scan.
     assert re.search(r"^SCAN ms=[\d.]+ index=(yes|no)$", output, re.M), output
     if on_postgres():
