@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 from django.utils import timezone
 
 from kumiko_workflows import __version__
-from kumiko_workflows import event_types as et
-from kumiko_workflows.steps import Suspend, path_text
-from kumiko_workflows.store import db
+from kumiko_workflows.store import claims, db
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow.step_kind import Suspend, path_text
 
 try:
     from opentelemetry import context, metrics, trace
@@ -208,73 +208,45 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _live() -> _Instruments | None:
-    """The instruments to record with, or None where nothing would be recorded.
-
-    The global providers before a site set any (the API's proxies, with
-    no SDK behind them) record nothing: then the hooks skip building spans
-    and attributes altogether, which cost a resumed run tens of
-    microseconds. They look again on every call, so an SDK set up later
-    is used from then on.
-    """
+    """The instruments to record with; None while the global providers are the API's
+    proxies (no SDK set up: nothing is recorded, so no span or attribute is built)."""
     active = _active
-    if active is _global and active is not None and _unset():
-        return None
+    if active is None or active is not _global:
+        return active
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        if isinstance(metrics.get_meter_provider(), _ProxyMeterProvider):
+            return None
     return active
 
 
-def _unset() -> bool:
-    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider) and isinstance(
-        metrics.get_meter_provider(), _ProxyMeterProvider
-    )
-
-
-class _Tally:
-    """The counts of a batch's committed resumes, added to the instruments once."""
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[Any, tuple[tuple[str, Any], ...]], int] = {}
-        self.lags: list[tuple[float, dict[str, Any]]] = []
-
-    def take(
-        self, counts: list[tuple[Any, dict[str, Any]]], lag: float | None, labels: dict[str, Any]
-    ) -> None:
-        for counter, attributes in counts:
-            key = (counter, tuple(attributes.items()))
-            self.counts[key] = self.counts.get(key, 0) + 1
-        if lag is not None:
-            self.lags.append((lag, labels))
-
-    def add(self, active: _Instruments) -> None:
-        for (counter, attributes), count in self.counts.items():
-            counter.add(count, dict(attributes))
-        for lag, labels in self.lags:
-            active.resume_lag.record(lag, labels)
-
-
+#: A worker batch's committed counts ((counter, labels) -> n) and resume lags.
+_Tally = tuple[dict[tuple[Any, tuple[tuple[str, Any], ...]], int], list[tuple[float, Any]]]
 _tally: ContextVar[_Tally | None] = ContextVar("kumiko_telemetry_tally", default=None)
 
 
 @contextmanager
 def counting_batch() -> Iterator[None]:
-    """Add the counts of the resumes committed inside the block once, at its end.
-
-    Around a worker's batch (its transaction): each resume's counts are
-    gathered at its commit (a resume rolled back with its savepoint or its
-    batch never gets there) and added to the counters as one increment per
-    workflow and outcome, not one per run. The resume lags are still
-    recorded one by one (a histogram takes values, not counts).
-    """
+    """Around a worker's batch: its resumes' counts, gathered at their commit (never for
+    one rolled back), are added at the end, one increment per workflow and outcome; the
+    lags one by one (a histogram takes values)."""
     active = _live()
     if active is None:
         yield
         return
-    tally = _Tally()
+    tally: _Tally = ({}, [])
     token = _tally.set(tally)
     try:
         yield
     finally:
         _tally.reset(token)
-        tally.add(active)
+        _add(active, tally)
+
+
+def _add(active: _Instruments, tally: _Tally) -> None:
+    for (counter, attributes), count in tally[0].items():
+        counter.add(count, dict(attributes))
+    for lag, labels in tally[1]:
+        active.resume_lag.record(lag, labels)
 
 
 # --- hooks of the engine --------------------------------------------------------
@@ -364,20 +336,18 @@ def traced_resume(resume_row: _F) -> _F:
         if claimed:
             counts.append((active.resumes, labels))
         if counts:
-            tally = _tally.get()
-            if tally is not None:
-                # Inside a worker's batch: its counts join the batch's at commit
-                # (a rolled-back savepoint's callback never runs), added once.
-                def count() -> None:
-                    tally.take(counts, lag if claimed else None, labels)
+            # In a worker's batch, joined to its counts at commit (added at its end).
+            batch = _tally.get()
+            tally: _Tally = batch if batch is not None else ({}, [])
 
-            else:
-
-                def count() -> None:
-                    for counter, attributes in counts:
-                        counter.add(1, attributes)
-                    if claimed:
-                        active.resume_lag.record(lag, labels)
+            def count() -> None:
+                for counter, attributes in counts:
+                    key = (counter, tuple(attributes.items()))
+                    tally[0][key] = tally[0].get(key, 0) + 1
+                if claimed:
+                    tally[1].append((lag, labels))
+                if batch is None:
+                    _add(active, tally)
 
             _at_commit(count)
         return segment.outcome, claimed
@@ -512,7 +482,7 @@ def _observe_due(options: Any) -> Iterable[Any]:
     connection = db.engine()
     opened = connection.connection is None
     try:
-        rows = db.due_backlog(timezone.now(), BACKLOG_CAP)
+        rows = claims.due_backlog(timezone.now(), BACKLOG_CAP)
     except Exception as exc:
         # The reader's thread may have no usable connection (or none allowed):
         # no observation this time, and the reader carries on.

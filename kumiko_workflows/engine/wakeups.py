@@ -30,11 +30,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import InvalidEvent, InvalidMatchExpression, VersionConflict
 from kumiko_workflows.models import Event, SuspensionType, WakeCheck, WorkflowRunPending
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, statements, wake_checks
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching
 
 logger = logging.getLogger("kumiko_workflows.wakeups")
@@ -98,7 +98,7 @@ def look_back(
         return None  # the match requires one of no values: nothing can match
     candidates: Iterable[Event]
     if keys is not None and db.has_payload_containment():
-        candidates = db.keyed_events(
+        candidates = statements.keyed_events(
             tenant_id,
             event_type,
             after_id,
@@ -224,7 +224,7 @@ def _candidates(
     scanned wait waits for the type, so that query is not made.
     """
     if paths is None:
-        paths = db.wait_paths(event.tenant_id, event.type)
+        paths = statements.wait_paths(event.tenant_id, event.type)
     keys = matching.offered_keys(event.payload, paths)
     found = WorkflowRunPending.objects.candidates(event.tenant_id, event.type, keys)
     return found if scanned else found[1:]  # the first is the scanned waits'
@@ -301,14 +301,14 @@ def project_wakeup(event: Event, replaying: bool) -> None:
     writers overlap, once more after commit: a run suspending in a
     concurrent transaction, or a row someone else held, is invisible now.
     There the check is left with one statement that also says what may
-    wait for the event (:func:`db.record_event_check`), and the rest is
+    wait for the event (:func:`wake_checks.record_event_check`), and the rest is
     :func:`after_event_check`. (When this is the event type's only
     projection, that statement rides in the event's insert instead.)
     """
     if db.overlapping_writers():
         after_event_check(
             event,
-            db.record_event_check(event.tenant_id, event.id, event.type, timezone.now()),
+            wake_checks.record_event_check(event.tenant_id, event.id, event.type, timezone.now()),
         )
         return
     _wake_now(event, None, scanned=True)
@@ -345,12 +345,12 @@ def _decide_event_checks(checks: list[tuple[int, str, str]]) -> None:
     """Decide a committed transaction's event checks: the quiet ones in one statement.
 
     A check whose event type nothing of its tenant waits for now is
-    deleted with the others like it (:func:`db.settle_quiet_checks`); the
+    deleted with the others like it (:func:`wake_checks.settle_quiet_checks`); the
     rest are decided one by one (:func:`decide_checks`). Never raises:
     what is not decided here is left for a worker pass.
     """
     try:
-        settled = db.settle_quiet_checks(checks)
+        settled = wake_checks.settle_quiet_checks(checks)
     except Exception:
         logger.exception("wake-up checks %s could not be settled", [c for c, *_ in checks])
         settled = set()
