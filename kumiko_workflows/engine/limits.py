@@ -292,14 +292,6 @@ def _offer(tenant_id: str, workflow_name: str, key: str, slot: int | None) -> No
     stream.append(et.SLOT_OFFERED, {"workflow_name": workflow_name, "limit_key": key})
 
 
-def _holds_active(workflow_name: str) -> bool:
-    """Whether any declared version of the workflow limits it with ``holds="active"``."""
-    return any(
-        w.concurrency is not None and w.concurrency.holds == "active"
-        for w in registry.versions(workflow_name)
-    )
-
-
 def release_on_end(event: Event, replaying: bool) -> None:
     """A run ended: release the slot it holds (``holds="active"``) and offer it to the next.
 
@@ -311,7 +303,7 @@ def release_on_end(event: Event, replaying: bool) -> None:
         return
     payload: dict[str, Any] = event.payload
     name = payload.get("workflow_name")
-    if not isinstance(name, str) or not _holds_active(name):
+    if not isinstance(name, str) or not registry.holds_slots_to_the_end(name):
         return
     held = slots.held_slot(event.tenant_id, event.aggregate_id)
     if held is None:

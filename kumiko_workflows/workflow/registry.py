@@ -30,10 +30,25 @@ class WorkflowRegistry:
         self._workflows: dict[str, dict[int, Workflow]] = {}
         self._by_trigger: dict[str, list[Workflow]] | None = None
         self._awaited: frozenset[str] | None = None
+        self._holding: frozenset[str] | None = None
 
     def _changed(self) -> None:
         self._by_trigger = None
         self._awaited = None
+        self._holding = None
+
+    def holds_slots_to_the_end(self, name: str) -> bool:
+        """Whether a declared version of ``name`` limits it with ``holds="active"``."""
+        if self._holding is None:
+            self._holding = frozenset(
+                each
+                for each, versions in self._workflows.items()
+                if any(
+                    w.concurrency is not None and w.concurrency.holds == "active"
+                    for w in versions.values()
+                )
+            )
+        return name in self._holding
 
     def _copy(self) -> dict[str, dict[int, Workflow]]:
         return {name: dict(versions) for name, versions in self._workflows.items()}
