@@ -24,6 +24,8 @@ class SuspensionType(models.TextChoices):
     RETRY = "retry", "retry backoff"
     RERUN = "rerun", "rerun after failure"
     QUEUED = "queued", "queued to start"
+    LIMITED = "limited", "queued for a concurrency slot"
+    RATE = "rate", "waiting for its rate limit"
 
 
 class WorkflowRunQuerySet(models.QuerySet):

@@ -42,7 +42,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("kumiko_workflows", "0015_task_attempt"),
+        ("kumiko_workflows", "0017_limits_slots"),
     ]
 
     operations = [
