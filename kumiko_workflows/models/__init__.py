@@ -7,11 +7,11 @@ and ``WorkflowRunPending`` (one row per suspended step: when it is due,
 ``rebuild_workflow_projections`` recreates them from the events. The
 engine's bookkeeping (tombstones, heartbeats, the signals' outbox, deployed
 definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`;
-the outbox on the site's databases and its relays' records,
-:mod:`~kumiko_workflows.models.outbox`; the flow-control slots
+the admin dashboard's kept counts of past days,
+:mod:`~kumiko_workflows.models.dashboard`; the outbox on the site's
+databases and its relays' records, :mod:`~kumiko_workflows.models.outbox`; the flow-control slots
 (``LimitSlot``, ``RateSlot``, projections too),
-:mod:`~kumiko_workflows.models.limits`;
-the admin dashboard's kept counts of past days, :mod:`~kumiko_workflows.models.dashboard`.
+:mod:`~kumiko_workflows.models.limits`.
 Django finds every model here, as ``kumiko_workflows.models``.
 """
 
