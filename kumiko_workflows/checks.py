@@ -232,9 +232,8 @@ def check_outbox_tables(
         if alias not in (databases or ()) or alias not in connections.settings:
             continue
         connection = connections[alias]
-        with connection.cursor() as cursor:
-            if table in connection.introspection.table_names(cursor):
-                continue
+        if table in connection.introspection.table_names():
+            continue
         executor = MigrationExecutor(connection)
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP]
         if executor.migration_plan(targets):

@@ -323,7 +323,7 @@ SQL_WORDS = re.compile(
 #: (``db._now_sql``: the database clock's expression, a constant per vendor).
 IDENTIFIER_SOURCES = re.compile(
     r"quote_name\(|_meta\.db_table|\bself\.table\(|\bself\.scratch_like\(|\bself\.prefix\b"
-    r"|sql\.Identifier\(|\b_now_sql\("
+    r"|sql\.Identifier\(|\b_now_sql\(|\bwait_paths_cte\("
 )
 
 
@@ -438,7 +438,15 @@ RAW_SQL = re.compile(r"\.execute\(|\.executemany\(|\.raw\(|\.extra\(|RawSQL\(|\.
 #: The database layer: the connection, the hot cursors and the statements.
 SQL_MODULES = [
     PACKAGE / "store" / name
-    for name in ("db.py", "cursors.py", "appends.py", "claims.py", "statements.py", "slots.py")
+    for name in (
+        "db.py",
+        "cursors.py",
+        "appends.py",
+        "claims.py",
+        "statements.py",
+        "slots.py",
+        "wake_checks.py",
+    )
 ]
 
 

@@ -173,8 +173,7 @@ def _check_migrated(alias: str) -> None:
     if alias in _migrated:
         return
     conn = connections[alias]
-    with conn.cursor() as cursor:
-        found = OutboxEntry._meta.db_table in conn.introspection.table_names(cursor)
+    found = OutboxEntry._meta.db_table in conn.introspection.table_names()
     if not found:
         raise OutboxNotMigrated(
             f"append_event() was called inside a transaction on database {alias!r}, which "

@@ -338,10 +338,13 @@ def forget_relays(relay_ids: Sequence[Any]) -> None:
     conn = engine()
     table = conn.ops.quote_name(RelayedAppend._meta.db_table)
     marks = ", ".join(["%s"] * len(relay_ids))
-    sql = f"DELETE FROM {table} WHERE relay_id IN ({marks})"  # noqa: S608
-    if conn.vendor == "postgresql":
-        relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
-        sql = f"{relax}{sql} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
+    delete = f"DELETE FROM {table} WHERE relay_id IN ({marks})"  # noqa: S608
+    relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+    sql = (
+        f"{relax}{delete} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
+        if conn.vendor == "postgresql"
+        else delete
+    )
     field = RelayedAppend._meta.get_field("relay_id")
     with conn.cursor() as cursor:
         cursor.execute(sql, [field.get_db_prep_value(each, conn) for each in relay_ids])
