@@ -293,6 +293,13 @@ def delete_signal_delivery(event_id: int) -> None:
 # --- the outbox on the site's databases (store/outbox) -------------------------
 
 
+def has_outbox_table(using: str) -> bool:
+    """Whether the database ``using`` has the outbox table (migrated there)."""
+    conn = connections[using]
+    with conn.cursor() as cursor:
+        return OutboxEntry._meta.db_table in conn.introspection.table_names(cursor)
+
+
 def take_outbox_lock(using: str) -> None:
     """In a transaction on ``using``: hold what keeps two relays of its outbox apart.
 
@@ -347,10 +354,12 @@ def forget_relays(relay_ids: Sequence[Any]) -> None:
     conn = engine()
     table = conn.ops.quote_name(RelayedAppend._meta.db_table)
     marks = ", ".join(["%s"] * len(relay_ids))
-    sql = f"DELETE FROM {table} WHERE relay_id IN ({marks})"  # noqa: S608
+    delete = f"DELETE FROM {table} WHERE relay_id IN ({marks})"  # noqa: S608
     if conn.vendor == "postgresql":
         relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
-        sql = f"{relax}{sql} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
+        sql = f"{relax}{delete} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
+    else:
+        sql = delete
     field = RelayedAppend._meta.get_field("relay_id")
     with conn.cursor() as cursor:
         cursor.execute(sql, [field.get_db_prep_value(each, conn) for each in relay_ids])
