@@ -18,6 +18,7 @@ from datetime import datetime
 
 from django.db.models import F
 
+from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import deploys
 from kumiko_workflows.engine.resume_row import resume_row
@@ -263,7 +264,8 @@ def turn_share(tenant: str) -> int:
 
 def _commits_per_run(row: WorkflowRunPending) -> bool:
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)
-    return workflow is not None and workflow.commit == "per_run"
+    # A limited workflow's run commits at once: its slot frees at the commit.
+    return workflow is not None and (workflow.commit == "per_run" or workflow.limited)
 
 
 class _Unwound(Exception):
@@ -317,7 +319,7 @@ def _drain_tenant(
         batch = ResumeReport()
         drained = False
         try:
-            with db.atomic():
+            with telemetry.counting_batch(), db.atomic():
                 savepoints = guarded()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):

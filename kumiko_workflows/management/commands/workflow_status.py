@@ -142,6 +142,7 @@ class Command(BaseCommand):
         self._print_counts(report)
         self._print_versions(report)
         self._print_pending(report)
+        self._print_flow_control(report["flow_control"])
         self._print_workers(report["workers"])
         if "failed" in report:
             self._print_failed(report["failed"])
@@ -232,6 +233,22 @@ class Command(BaseCommand):
             self.stdout.write(f"healthy: {lag}; {seen}")
         if not verdict["healthy"]:
             raise CommandError("unhealthy: " + "; ".join(verdict["problems"]))
+
+    def _print_flow_control(self, flow: dict[str, list[dict[str, Any]]]) -> None:
+        if not flow["queued"] and not flow["rate"]:
+            return  # nothing waits for a limit: no section
+        self.stdout.write(self.style.MIGRATE_HEADING("Flow control"))
+        for row in flow["queued"]:
+            key = f" key {row['key']!r}" if row["key"] else ""
+            self.stdout.write(
+                f"  {row['workflow_name']}{key} (tenant {row['tenant_id']}): "
+                f"{row['queued']} queued, {row['why']}"
+            )
+        for row in flow["rate"]:
+            self.stdout.write(
+                f"  {row['workflow_name']} (tenant {row['tenant_id']}): "
+                f"{row['waiting']} waiting, {row['why']}"
+            )
 
     def _print_workers(self, rows: list[dict[str, Any]]) -> None:
         self.stdout.write(self.style.MIGRATE_HEADING("Workers") + f"  {len(rows)} with a heartbeat")
