@@ -15,6 +15,7 @@ from kumiko_workflows.models import OutboxEntry
 from kumiko_workflows.operations.cutoff import retention_problem
 from kumiko_workflows.store.event_checks import name_problem
 from kumiko_workflows.store.outbox import aliases
+from kumiko_workflows.store.statements import has_outbox_table
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.validation import validate
 
@@ -231,10 +232,9 @@ def check_outbox_tables(
     for alias in aliases():
         if alias not in (databases or ()) or alias not in connections.settings:
             continue
-        connection = connections[alias]
-        if table in connection.introspection.table_names():
+        if has_outbox_table(alias):
             continue
-        executor = MigrationExecutor(connection)
+        executor = MigrationExecutor(connections[alias])
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP]
         if executor.migration_plan(targets):
             continue  # migrations to apply: migrate creates the table

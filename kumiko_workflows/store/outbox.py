@@ -172,9 +172,7 @@ def _check_migrated(alias: str) -> None:
     """
     if alias in _migrated:
         return
-    conn = connections[alias]
-    found = OutboxEntry._meta.db_table in conn.introspection.table_names()
-    if not found:
+    if not statements.has_outbox_table(alias):
         raise OutboxNotMigrated(
             f"append_event() was called inside a transaction on database {alias!r}, which "
             f"KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] lists, but {alias!r} has no outbox table "

@@ -284,6 +284,13 @@ def delete_signal_delivery(event_id: int) -> None:
 # --- the outbox on the site's databases (store/outbox) -------------------------
 
 
+def has_outbox_table(using: str) -> bool:
+    """Whether the database ``using`` has the outbox table (migrated there)."""
+    conn = connections[using]
+    with conn.cursor() as cursor:
+        return OutboxEntry._meta.db_table in conn.introspection.table_names(cursor)
+
+
 def take_outbox_lock(using: str) -> None:
     """In a transaction on ``using``: hold what keeps two relays of its outbox apart.
 
@@ -339,12 +346,11 @@ def forget_relays(relay_ids: Sequence[Any]) -> None:
     table = conn.ops.quote_name(RelayedAppend._meta.db_table)
     marks = ", ".join(["%s"] * len(relay_ids))
     delete = f"DELETE FROM {table} WHERE relay_id IN ({marks})"  # noqa: S608
-    relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
-    sql = (
-        f"{relax}{delete} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
-        if conn.vendor == "postgresql"
-        else delete
-    )
+    if conn.vendor == "postgresql":
+        relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+        sql = f"{relax}{delete} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
+    else:
+        sql = delete
     field = RelayedAppend._meta.get_field("relay_id")
     with conn.cursor() as cursor:
         cursor.execute(sql, [field.get_db_prep_value(each, conn) for each in relay_ids])
