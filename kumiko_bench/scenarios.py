@@ -76,6 +76,7 @@ SCENARIOS = (
     "memory",
     "unanalysed",
     "tasks",
+    "dashboard",
 )
 DEFAULT_N = {
     "append": 2000,
@@ -91,6 +92,7 @@ DEFAULT_N = {
     "profile": 2000,
     "unanalysed": 10_000,
     "tasks": 2000,
+    "dashboard": 1_000_000,
 }
 #: Waiting runs (beside the one woken) at which wake_scale times an append.
 WAKE_SCALE_SIZES = (10, 1_000, 10_000, 100_000)
@@ -1222,6 +1224,57 @@ class Bench:
             if WorkflowRunPending.objects.get(run_id=run_id).awaited_event_id is None:
                 raise RuntimeError("wake_scale: the appended event did not wake its run")
         return timings
+
+    def scenario_dashboard(self) -> None:
+        """The admin dashboard's figures on N runs, 10 × N events (:mod:`kumiko_bench.dashboard`).
+
+        Each page timed on tables never analysed, then after ``VACUUM ANALYZE``
+        (PostgreSQL): its first view (which counts the past days not kept yet),
+        then the median and p95 of the views after it; the result's seconds
+        are the slowest page's median.
+        """
+        from kumiko_bench import dashboard as board
+
+        runs = self.size("dashboard")
+        self.fresh_database()
+        now = timezone.now()
+        started = time.perf_counter()
+        board.seed(runs, now)
+        seeded = time.perf_counter() - started
+        self.out(
+            f"DASHBOARD seeded runs={runs} events={runs * board.EVENTS_PER_RUN} "
+            f"seconds={seeded:.1f}"
+        )
+        extra: dict[str, Any] = {"seed_seconds": round(seeded, 1), "runs": runs}
+        medians: dict[str, float] = {}
+        for phase in ("unanalysed", "analysed"):
+            if phase == "analysed":
+                if self.vendor != "postgresql":
+                    break
+                self.execute("VACUUM ANALYZE")
+            for line in board.plans(now):
+                self.out(f"PLAN name=dashboard phase={phase} {line}")
+            for page, fn in board.pages(now).items():
+                first, median, p95 = board.timed(fn)
+                medians[f"{phase}_{page}"] = median
+                extra[f"{phase}_{page}_ms"] = round(median, 2)
+                extra[f"{phase}_{page}_p95_ms"] = round(p95, 2)
+                extra[f"{phase}_{page}_first_ms"] = round(first, 2)
+                self.out(
+                    f"DASHBOARD phase={phase} page={page} first_ms={first:.1f} "
+                    f"median_ms={median:.1f} p95_ms={p95:.1f}"
+                )
+        worst = max(medians, key=lambda key: medians[key])
+        self.emit(
+            Result(
+                "dashboard",
+                runs,
+                medians[worst] / 1000,
+                1000 / medians[worst],
+                extra=extra,
+                note=f"slowest page {worst}: {medians[worst]:.1f} ms (median)",
+            )
+        )
 
     def scenario_unanalysed(self) -> None:
         """An awaited ``append_event`` on tables never analysed, beside the same after ``ANALYZE``.

@@ -13,14 +13,17 @@ class KumikoWorkflowsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from kumiko_workflows import checks  # noqa: F401 - registers the system checks
+        from kumiko_workflows import event_types as et
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
             deploys,
+            limits,
             purged_runs,
             starts,
             transitions,
             wakeups,
         )
         from kumiko_workflows.models import Event
+        from kumiko_workflows.projections import limits as limit_slots
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
         from kumiko_workflows.workflow.registry import registry as workflows
@@ -43,6 +46,13 @@ class KumikoWorkflowsConfig(AppConfig):
                 order=20,
                 builtin=True,
             )
+            projections.register(
+                "kumiko_workflows.limits",
+                limit_slots.HANDLED,
+                limit_slots.project_limits,
+                order=25,
+                builtin=True,
+            )
             # The reactions append run events: a replay replays those, not them.
             projections.register(
                 "kumiko_workflows.wakeup",
@@ -58,6 +68,14 @@ class KumikoWorkflowsConfig(AppConfig):
                 workflows.is_trigger,
                 starts.trigger_projection,
                 order=40,
+                replay=False,
+                builtin=True,
+            )
+            projections.register(
+                "kumiko_workflows.slot_release",
+                frozenset(et.TERMINAL),
+                limits.release_on_end,
+                order=45,
                 replay=False,
                 builtin=True,
             )

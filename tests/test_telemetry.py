@@ -497,6 +497,18 @@ def test_the_docs_prometheus_snippet_serves_the_metrics():
     sample("kumiko_runs_due", "1.0", tenant="acme")
 
 
+@pytest.mark.django_db
+def test_the_queued_gauge_counts_the_runs_a_limit_holds_back(otel, future):
+    from kumiko_workflows import resume_due_runs
+
+    for _ in range(3):
+        trigger("t.limit-active", key="k", **{"for": future})
+    resume_due_runs()  # two hold the key's slots, one queues
+
+    assert otel.value("kumiko.runs.queued", tenant="default", suspension="limited") == 1
+    assert otel.value("kumiko.runs.queued", tenant="default", suspension="rate") == 0
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_adds_its_resume_counts_once_at_its_commit(otel, monkeypatch):
     events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(5)]
