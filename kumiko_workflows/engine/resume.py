@@ -626,6 +626,7 @@ def _append_to_run(
             run.version,
             run.definition_fingerprint,
             run.trigger_event_id,
+            priority=run.priority,
         )
         try:
             with db.atomic():

@@ -45,6 +45,7 @@ from kumiko_workflows.store.streams import (
     raised,
     set_last_error,
 )
+from kumiko_workflows.workflow import priorities
 from kumiko_workflows.workflow.definition import (
     CronTrigger,
     EventTrigger,
@@ -518,6 +519,42 @@ def search_key_of(workflow: Workflow, event: Event) -> str:
     return value
 
 
+def priority_of(workflow: Workflow, event: Event) -> int:
+    """The priority of the run ``event`` starts: the trigger's, else the workflow's, else 0.
+
+    Either may be a callable of the event (a priority per start). A priority
+    only orders due work, so a callable that raises or returns something
+    else than a whole number from -100 to 100 is logged and the run starts
+    with none.
+    """
+    trigger = workflow.trigger
+    value = getattr(trigger, "priority", None)
+    if value is None:
+        value = workflow.priority
+    if value is None:
+        return priorities.DEFAULT_PRIORITY
+    if callable(value):
+        try:
+            value = value(event)
+        except Exception:
+            logger.exception(
+                "workflow=%s trigger_event=%s priority raised; the run has none",
+                workflow.name,
+                event.id,
+            )
+            return priorities.DEFAULT_PRIORITY
+        wrong = priorities.problem(value)
+        if wrong:
+            logger.error(
+                "workflow=%s trigger_event=%s priority: %s; the run has none",
+                workflow.name,
+                event.id,
+                wrong,
+            )
+            return priorities.DEFAULT_PRIORITY
+    return int(value)
+
+
 @telemetry.traced_start
 def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) -> uuid.UUID | None:
     """Start one run of ``workflow`` for ``event``: run it inline until it suspends, or queue it.
@@ -545,6 +582,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
             IDEMPOTENCY_KEY_FAILED, "", "the idempotency_key callable raised", exc
         )
     run_id = run_id_for(workflow.name, key, event.tenant_id)
+    priority = priority_of(workflow, event)
     started = {
         "workflow_name": workflow.name,
         "workflow_version": workflow.version,
@@ -555,9 +593,18 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
     }
     if workflow.search_key is not None:  # else the idempotency key is the search key
         started["search_key"] = search_key_of(workflow, event)
+    if priority:
+        started["priority"] = priority
     # Every append below happens in an atomic block that an error unwinds.
     stream = RunStream(
-        run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id, savepoint=False
+        run_id,
+        event.tenant_id,
+        workflow.name,
+        0,
+        workflow.fingerprint,
+        event.id,
+        savepoint=False,
+        priority=priority,
     )
     opening = (event_types.RUN_STARTED, started)
     fresh = stream.mark()

@@ -27,13 +27,15 @@ from kumiko_workflows.models import (
 from kumiko_workflows.projections.run_status import is_run_event
 from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import is_cleared
-from kumiko_workflows.workflow import matching, suspensions
+from kumiko_workflows.workflow import matching, priorities, suspensions
 
 _PENDING_UPDATE_FIELDS = [
     "workflow_name",
     "workflow_version",
     "suspension_type",
     "wake_at",
+    "claim_at",
+    "priority",
     "timeout_at",
     "retry_attempt",
     "definition_fingerprint",
@@ -75,6 +77,8 @@ def _pending_row(event: Event) -> WorkflowRunPending:
     assert record is not None, f"{kind} is not a suspension"
     for column, value in record.pending_columns(payload, event.created_at).items():
         setattr(row, column, value)
+    row.priority = payload.get("priority") or 0
+    row.claim_at = priorities.claim_instant(row.wake_at, payload.get("head_start") or 0)
     return row
 
 
@@ -132,6 +136,9 @@ def project_pending(event: Event, replaying: bool) -> None:
     elif kind == et.WAKE_REQUESTED:
         changes: dict[str, Any] = {
             "wake_at": event.created_at,
+            "claim_at": priorities.claim_instant(
+                event.created_at, event.payload.get("head_start") or 0
+            ),
             "due_since": event.created_at,
             "run_version": event.version,
         }

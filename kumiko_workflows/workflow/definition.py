@@ -35,6 +35,7 @@ from kumiko_workflows.steps import (
     iter_steps,
     path_text,
 )
+from kumiko_workflows.workflow import priorities
 
 logger = logging.getLogger("kumiko_workflows.definition")
 
@@ -53,6 +54,8 @@ _RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workfl
 class EventTrigger:
     event_type: str
     filter: Callable[[Any], Any] | None = None
+    #: The runs' priority (a number, or a callable of the event), over the workflow's.
+    priority: priorities.Priority = None
     kind = "event"
 
     def describe(self) -> dict[str, Any]:
@@ -83,13 +86,26 @@ class CronTrigger:
         return zoneinfo.ZoneInfo(self.timezone)
 
 
-def on_event(event_type: str, filter: Callable[[Any], Any] | None = None) -> EventTrigger:
-    """Start a run whenever an event of ``event_type`` is appended (and ``filter(event)``)."""
+def on_event(
+    event_type: str,
+    filter: Callable[[Any], Any] | None = None,
+    *,
+    priority: priorities.Priority = None,
+) -> EventTrigger:
+    """Start a run whenever an event of ``event_type`` is appended (and ``filter(event)``).
+
+    ``priority`` (-100 to 100, or a callable of the event returning one)
+    gives the runs this trigger starts their priority, over the workflow's
+    (docs/howto/priorities.md).
+    """
     if not isinstance(event_type, str) or not event_type.strip():
         raise WorkflowDefinitionError(f"on_event() needs an event type, got {event_type!r}")
     if filter is not None and not callable(filter):
         raise WorkflowDefinitionError(f"on_event(filter=...) must be callable, got {filter!r}")
-    return EventTrigger(event_type, filter)
+    wrong = priorities.definition_problem(priority)
+    if wrong:
+        raise WorkflowDefinitionError(f"[kumiko_workflows.E115] on_event(priority=...): {wrong}")
+    return EventTrigger(event_type, filter, priority)
 
 
 def cron_problem(
@@ -327,6 +343,7 @@ class Workflow:
         start: str = "inline",
         migrates_from: Mapping[int, Mapping[str, str]] | None = None,
         search_key: Callable[[Any], Any] | None = None,
+        priority: priorities.Priority = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -361,6 +378,14 @@ class Workflow:
             )
         #: "worker": a trigger queues the run; a worker runs its steps.
         self.start = start
+        wrong = priorities.definition_problem(priority)
+        if wrong:
+            raise WorkflowDefinitionError(
+                f"[kumiko_workflows.E115] workflow {name!r}: priority: {wrong}"
+            )
+        #: The runs' priority (a number, or a callable of the trigger event); a
+        #: trigger's own wins. Not in the fingerprint: it changes no step.
+        self.priority = priority
         awaits = dict(awaits or {})
         for key, event_type in awaits.items():
             if not isinstance(key, str) or not isinstance(event_type, str) or not event_type:
@@ -713,6 +738,7 @@ def define_workflow(
     start: str = "inline",
     migrates_from: Mapping[int, Mapping[str, str]] | None = None,
     search_key: Callable[[Any], Any] | None = None,
+    priority: priorities.Priority = None,
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name`` and ``version``.
@@ -730,7 +756,9 @@ def define_workflow(
     at step 1 may continue in this version, for ``migrate_workflow_runs``
     (nothing moves until that runs). ``search_key`` (``event -> str``, at
     most 200 characters) is what the admin's search finds a run by, e.g. an
-    order number; without it, the idempotency key. Pass ``register=False``
+    order number; without it, the idempotency key. ``priority`` (-100 to
+    100, or a callable of the trigger event) orders its runs among due
+    work with a bounded head start (docs/howto/priorities.md). Pass ``register=False``
     to build a definition without registering it (for
     :meth:`WorkflowRegistry.override`).
     """
@@ -745,6 +773,7 @@ def define_workflow(
         start,
         migrates_from,
         search_key=search_key,
+        priority=priority,
     )
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:
