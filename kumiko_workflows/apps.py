@@ -13,8 +13,10 @@ class KumikoWorkflowsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from kumiko_workflows import checks  # noqa: F401 - registers the system checks
+        from kumiko_workflows import event_types as et
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
             deploys,
+            gates,
             purged_runs,
             segment,
             transitions,
@@ -49,6 +51,14 @@ class KumikoWorkflowsConfig(AppConfig):
                 workflows.is_awaited,
                 wakeups.project_wakeup,
                 order=30,
+                replay=False,
+                builtin=True,
+            )
+            projections.register(
+                "kumiko_workflows.gates",
+                frozenset(et.TERMINAL),
+                gates.release_ended,
+                order=35,
                 replay=False,
                 builtin=True,
             )

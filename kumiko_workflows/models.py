@@ -110,6 +110,8 @@ class SuspensionType(models.TextChoices):
     RETRY = "retry", "retry backoff"
     RERUN = "rerun", "rerun after failure"
     QUEUED = "queued", "queued to start"
+    DEBOUNCED = "debounced", "debounced start"
+    HELD = "held", "queued behind the run of its key"
 
 
 class WorkflowRunQuerySet(models.QuerySet):

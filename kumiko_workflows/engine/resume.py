@@ -26,7 +26,7 @@ from django.db.models import F
 from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.engine import deploys
+from kumiko_workflows.engine import deploys, gates
 from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
 from kumiko_workflows.engine.wakeups import (
     decide_waiting_checks,
@@ -260,6 +260,8 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         cursor = Cursor(path, after=record.after, attempt=record.attempt(row))
     else:  # a rerun of a run that failed after its last step: just complete it
         cursor = Cursor((len(workflow.steps),), after=False)
+    if row.suspension_type == SuspensionType.DEBOUNCED:
+        gates.release_debounced(row)  # the burst ends with this claim
     # A move onto an edited definition is appended on its own: its status write comes first.
     held = moved_from is None
     return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held), True

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from kumiko_workflows import event_types, telemetry
-from kumiko_workflows.engine import wakeups
+from kumiko_workflows.engine import gates, wakeups
 from kumiko_workflows.exceptions import (
     InvalidEvent,
     StreamMoved,
@@ -519,6 +519,18 @@ def search_key_of(workflow: Workflow, event: Event) -> str:
     return value
 
 
+def _at_first_step(workflow: Workflow, event: Event) -> dict[str, Any]:
+    """The payload of a suspension before the run's first step (queued, debounced, held)."""
+    return {
+        "step": "0",
+        "workflow_name": workflow.name,
+        "workflow_version": workflow.version,
+        "definition_fingerprint": workflow.fingerprint,
+        "trigger_event_id": event.id,
+        "state": telemetry.carry({"results": {}, "awaited": {}}),
+    }
+
+
 def priority_of(workflow: Workflow, event: Event) -> int:
     """The priority of the run ``event`` starts: the trigger's, else the workflow's, else 0.
 
@@ -595,6 +607,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         started["search_key"] = search_key_of(workflow, event)
     if priority:
         started["priority"] = priority
+    gated = filter_error is None and gates.is_gated(workflow)
     # Every append below happens in an atomic block that an error unwinds.
     stream = RunStream(
         run_id,
@@ -612,21 +625,27 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         # One savepoint for the whole start: an error in the engine's own
         # writes takes them all back, and the domain write still commits.
         with db.atomic():
+            admission = None
+            if gated:
+                admission = gates.admit(
+                    workflow, event, key, lambda k: run_id_for(workflow.name, k, event.tenant_id)
+                )
+                if admission.run_key is None:
+                    return None  # skipped, or the burst's open run took the event
+                # Each gated start is a run of its own, found by the gate's key.
+                started.setdefault("search_key", key)
+                started[gates.GATE_KEY] = key
+                key = started["idempotency_key"] = admission.run_key
+                run_id = stream.run_id = run_id_for(workflow.name, key, event.tenant_id)
             if filter_error is not None:
                 fail_opened(stream, opening, filter_error, state=None, retry_from=None)
+            elif admission is not None and admission.opening is not None:
+                stream.append(*opening)
+                kind, waits = admission.opening
+                stream.append(kind, {**_at_first_step(workflow, event), **waits})
             elif workflow.start == "worker" or _in_worker.get():
                 stream.append(*opening)
-                stream.append(
-                    event_types.RUN_QUEUED,
-                    {
-                        "step": "0",
-                        "workflow_name": workflow.name,
-                        "workflow_version": workflow.version,
-                        "definition_fingerprint": workflow.fingerprint,
-                        "trigger_event_id": event.id,
-                        "state": telemetry.carry({"results": {}, "awaited": {}}),
-                    },
-                )
+                stream.append(event_types.RUN_QUEUED, _at_first_step(workflow, event))
             else:
                 ctx = RunContext(
                     run_id=run_id,

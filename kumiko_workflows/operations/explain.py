@@ -141,7 +141,20 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
         text = f"key {get('idempotency_key')}"
         if get("search_key"):
             text += f", search key {get('search_key')}"
+        if get("priority"):
+            text += f", priority {get('priority')}"
         return text + f"; trigger event #{get('trigger_event_id')}"
+    if type == et.RUN_DEBOUNCED:
+        return (
+            f"debounced: starts at {_instant(get('wake_at'))} with event "
+            f"#{get('trigger_event_id')} (event {get('events')} of its key's burst), unless "
+            f"another comes first; at the latest at {_instant(get('deadline'))}"
+        )
+    if type == et.RUN_HELD:
+        return (
+            f"queued behind run {get('behind')} of key {get('key')!r} (singleton): starts "
+            "when the runs of its key before it have ended"
+        )
     if type == et.WAITING:
         return f"waits until {_instant(get('wake_at'))}"
     if type == et.WAITING_FOR_EVENT:
@@ -449,6 +462,13 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     record = suspensions.for_type(row.suspension_type)
     if record is not None:
         facts.extend(record.facts(row, _Teller(run)))
+    if row.priority:
+        facts.append(
+            (
+                "Priority",
+                f"{row.priority}: taken among due runs as if due at {_when(row.claim_at)}",
+            )
+        )
     if row.suspension_type == SuspensionType.EVENT:
         facts.extend(_near_miss(row))
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)

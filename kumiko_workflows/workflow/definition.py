@@ -17,13 +17,14 @@ import zoneinfo
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import (
     InvalidArgument,
+    InvalidDuration,
     RegistryNotReady,
     WorkflowDefinitionError,
 )
@@ -36,6 +37,7 @@ from kumiko_workflows.steps import (
     path_text,
 )
 from kumiko_workflows.workflow import priorities
+from kumiko_workflows.workflow.durations import as_delay
 
 logger = logging.getLogger("kumiko_workflows.definition")
 
@@ -56,6 +58,10 @@ class EventTrigger:
     filter: Callable[[Any], Any] | None = None
     #: The runs' priority (a number, or a callable of the event), over the workflow's.
     priority: priorities.Priority = None
+    #: A burst of events of one key starts one run, with its last event, once
+    #: quiet for ``debounce`` (at the latest ``debounce_max`` after its first).
+    debounce: timedelta | None = None
+    debounce_max: timedelta | None = None
     kind = "event"
 
     def describe(self) -> dict[str, Any]:
@@ -91,12 +97,18 @@ def on_event(
     filter: Callable[[Any], Any] | None = None,
     *,
     priority: priorities.Priority = None,
+    debounce: Any = None,
+    debounce_max: Any = None,
 ) -> EventTrigger:
     """Start a run whenever an event of ``event_type`` is appended (and ``filter(event)``).
 
     ``priority`` (-100 to 100, or a callable of the event returning one)
-    gives the runs this trigger starts their priority, over the workflow's
-    (docs/howto/priorities.md).
+    gives the runs this trigger starts their priority, over the workflow's.
+    ``debounce`` (seconds, an ISO duration or a timedelta): a burst of
+    events of one key (the workflow's ``idempotency_key``) starts one run,
+    with the burst's last event, once no event of the key came for that
+    long; ``debounce_max`` (default 10 × ``debounce``) bounds the wait from
+    the burst's first event (docs/howto/priorities.md).
     """
     if not isinstance(event_type, str) or not event_type.strip():
         raise WorkflowDefinitionError(f"on_event() needs an event type, got {event_type!r}")
@@ -105,7 +117,37 @@ def on_event(
     wrong = priorities.definition_problem(priority)
     if wrong:
         raise WorkflowDefinitionError(f"[kumiko_workflows.E115] on_event(priority=...): {wrong}")
-    return EventTrigger(event_type, filter, priority)
+    period, longest = _debounce_periods(debounce, debounce_max)
+    return EventTrigger(event_type, filter, priority, period, longest)
+
+
+def _debounce_periods(
+    debounce: Any, debounce_max: Any
+) -> tuple[timedelta | None, timedelta | None]:
+    """``on_event``'s debounce and its bound as timedeltas (None, None: no debounce)."""
+    if debounce is None:
+        if debounce_max is not None:
+            raise WorkflowDefinitionError(
+                "[kumiko_workflows.E117] on_event(debounce_max=...) needs debounce=..."
+            )
+        return None, None
+    try:
+        period = as_delay(debounce)
+        longest = period * 10 if debounce_max is None else as_delay(debounce_max)
+    except InvalidDuration as exc:
+        raise WorkflowDefinitionError(
+            f"[kumiko_workflows.E117] on_event(debounce): {exc}"
+        ) from None
+    if period <= timedelta(0):
+        raise WorkflowDefinitionError(
+            "[kumiko_workflows.E117] on_event(debounce=...) must be longer than 0"
+        )
+    if longest < period:
+        raise WorkflowDefinitionError(
+            f"[kumiko_workflows.E117] on_event(debounce_max=...) ({longest}) is shorter than "
+            f"debounce ({period})"
+        )
+    return period, longest
 
 
 def cron_problem(
@@ -326,6 +368,8 @@ MAX_VERSION = 2**31 - 1
 #: Where a triggered run's first steps run: in the appending transaction, or
 #: in a worker right after it commits.
 START_MODES = ("inline", "worker")
+#: What a ``singleton=`` workflow does with a trigger while a run of its key is active.
+SINGLETON_MODES = ("skip", "queue")
 
 
 class Workflow:
@@ -344,6 +388,7 @@ class Workflow:
         migrates_from: Mapping[int, Mapping[str, str]] | None = None,
         search_key: Callable[[Any], Any] | None = None,
         priority: priorities.Priority = None,
+        singleton: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -386,6 +431,25 @@ class Workflow:
         #: The runs' priority (a number, or a callable of the trigger event); a
         #: trigger's own wins. Not in the fingerprint: it changes no step.
         self.priority = priority
+        if singleton is not None and singleton not in SINGLETON_MODES:
+            raise WorkflowDefinitionError(
+                f"[kumiko_workflows.E118] workflow {name!r}: singleton must be one of "
+                f"{', '.join(map(repr, SINGLETON_MODES))} or None, got {singleton!r}"
+            )
+        if singleton is not None and not isinstance(trigger, EventTrigger):
+            raise WorkflowDefinitionError(
+                f"[kumiko_workflows.E118] workflow {name!r}: singleton= needs an on_event "
+                "trigger (a cron workflow's runs are keyed by their slot)"
+            )
+        if singleton is not None and getattr(trigger, "debounce", None) is not None:
+            raise WorkflowDefinitionError(
+                f"[kumiko_workflows.E119] workflow {name!r}: a debounced trigger opens one run "
+                "per key at a time already; give debounce= or singleton=, not both"
+            )
+        #: "skip" or "queue": a trigger while a run of its key is active is
+        #: skipped, or its run waits until that run ends (engine/gates).
+        #: Like ``debounce``, not in the fingerprint: it decides starts only.
+        self.singleton = singleton
         awaits = dict(awaits or {})
         for key, event_type in awaits.items():
             if not isinstance(key, str) or not isinstance(event_type, str) or not event_type:
@@ -739,6 +803,7 @@ def define_workflow(
     migrates_from: Mapping[int, Mapping[str, str]] | None = None,
     search_key: Callable[[Any], Any] | None = None,
     priority: priorities.Priority = None,
+    singleton: str | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name`` and ``version``.
@@ -758,7 +823,11 @@ def define_workflow(
     most 200 characters) is what the admin's search finds a run by, e.g. an
     order number; without it, the idempotency key. ``priority`` (-100 to
     100, or a callable of the trigger event) orders its runs among due
-    work with a bounded head start (docs/howto/priorities.md). Pass ``register=False``
+    work with a bounded head start (docs/howto/priorities.md).
+    ``singleton="skip"`` or ``"queue"``: while a run of a key (the
+    ``idempotency_key``; None: the workflow's one key) is active, a new
+    trigger of the key is skipped, or its run waits until the active one
+    ends. Pass ``register=False``
     to build a definition without registering it (for
     :meth:`WorkflowRegistry.override`).
     """
@@ -774,6 +843,7 @@ def define_workflow(
         migrates_from,
         search_key=search_key,
         priority=priority,
+        singleton=singleton,
     )
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:
