@@ -10,6 +10,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from kumiko_workflows import (
     append_event,
@@ -244,3 +245,126 @@ def test_bad_gate_arguments_are_refused_with_the_check_id():
         define_workflow("x", on_event("x"), [steps.wait("PT1S")], singleton="always")
     with pytest.raises(WorkflowDefinitionError, match=r"E119"):
         define_workflow("x", on_event("x", debounce=5), [steps.wait("PT1S")], singleton="skip")
+
+
+# --- racing processes (PostgreSQL) -------------------------------------------------
+
+RACED = (
+    define_workflow(
+        name="g-race-debounce",
+        trigger=on_event("g.burst", debounce=0.05, debounce_max=0.3),
+        idempotency_key=_doc,
+        steps=[steps.compute("seen", _seen)],
+        register=False,
+    ),
+    define_workflow(
+        name="g-race-queue",
+        trigger=on_event("g.serial"),
+        idempotency_key=_doc,
+        singleton="queue",
+        steps=[steps.compute("seen", _seen), steps.wait("PT0S")],
+        register=False,
+    ),
+)
+
+APPEND_MANY = """
+import sys, uuid
+import django
+django.setup()
+from kumiko_workflows import append_event
+from kumiko_workflows.workflow.definition import registry
+from tests.test_gates import RACED
+with registry.override(*RACED):
+    for n in range(int(sys.argv[2])):
+        append_event(uuid.uuid4(), "doc", sys.argv[1], {"doc": "k", "n": n})
+"""
+
+
+def _race(type: str, per_process: int, processes: int = 3) -> list[Event]:
+    """``processes`` appenders of ``type`` events of one key, while this process resumes runs."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, subprocess_env
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", APPEND_MANY, type, str(per_process)],
+            cwd=REPO,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        while any(proc.poll() is None for proc in procs):
+            resume_due_runs()  # claims racing the appends
+    finally:
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+    for _ in range(per_process * processes):
+        if not resume_due_runs(now=timezone.now() + timedelta(hours=1)).processed:
+            break
+    return list(Event.objects.filter(type=type).order_by("id"))
+
+
+def _gate_events(name: str) -> list[Event]:
+    gate = gates.gate_id("default", name, "k")
+    return list(Event.objects.filter(aggregate_id=gate).order_by("version"))
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_racing_appenders_and_a_worker_give_each_event_to_exactly_one_burst():
+    with registry.override(*RACED):
+        triggers = _race("g.burst", 150)
+        assert len(triggers) == 450
+        runs = runs_of("g-race-debounce")
+        assert {r.status for r in runs} == {RunStatus.COMPLETED}
+        # Every event went to exactly one burst (opened it or moved it), none lost.
+        taken = list(
+            Event.objects.filter(type=et.RUN_DEBOUNCED, tenant_id="default").values_list(
+                "payload__trigger_event_id", flat=True
+            )
+        )
+        assert sorted(taken) == [event.id for event in triggers]
+        # The gate opened and released in turn: never two bursts of the key at once.
+        kinds = [
+            (e.type, e.payload.get("active"), e.payload.get("run_id"))
+            for e in _gate_events("g-race-debounce")
+        ]
+        assert [kind for kind, _, _ in kinds] == [et.GATE_OPENED, et.GATE_RELEASED] * len(runs)
+        for (_, opened, _), (_, _, released) in zip(kinds[::2], kinds[1::2], strict=True):
+            assert opened == released
+        # Each run ran once, with the last event of its burst.
+        for run in runs:
+            last = Event.objects.filter(aggregate_id=run.run_id, type=et.RUN_DEBOUNCED).last()
+            done = Event.objects.get(aggregate_id=run.run_id, type=et.RUN_COMPLETED)
+            seen = done.payload["state"]["results"]["seen"]["trigger"]
+            assert seen == last.payload["trigger_event_id"] == run.trigger_event_id
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_racing_appenders_of_a_singleton_queue_never_run_two_of_a_key_at_once():
+    with registry.override(*RACED):
+        triggers = _race("g.serial", 25)
+        runs = runs_of("g-race-queue")
+        assert len(runs) == len(triggers) == 75
+        assert {r.status for r in runs} == {RunStatus.COMPLETED}
+        # From the run streams: a run's first step ran after the run before it
+        # completed (event ids are taken at insert; a run starts only after
+        # its predecessor's end committed).
+        spans = sorted(
+            (
+                Event.objects.get(aggregate_id=r.run_id, type=et.WAITING).id,
+                Event.objects.get(aggregate_id=r.run_id, type=et.RUN_COMPLETED).id,
+            )
+            for r in runs
+        )
+        for (_, ended), (began, _) in zip(spans, spans[1:], strict=False):
+            assert began > ended
+        assert gates.read_gate("default", "g-race-queue", "k").active is None

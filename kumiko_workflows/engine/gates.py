@@ -139,8 +139,13 @@ class Admission:
 def admit(workflow: Workflow, event: Event, key: str, run_id_of: Any) -> Admission:
     """Decide, through the gate of ``key``, what ``event`` starts; record the decision.
 
-    Called in the start's atomic block. A lost race reads the gate again.
+    Called in the start's atomic block. The triggers of one gate take turns
+    (a lock held to the end of the transaction), so each reads the gate as
+    the one before it left it; the gate's stream version still referees the
+    writers that do not take turns (a claim ending a burst, a run's end).
     """
+    gate = read_gate(event.tenant_id, workflow.name, key)
+    db.lock_name(f"kumiko-gate:{gate.id}")
     for _ in range(ATTEMPTS):
         gate = read_gate(event.tenant_id, workflow.name, key)
         try:
@@ -164,9 +169,10 @@ def _debounce(workflow: Workflow, event: Event, gate: Gate, run_id_of: Any) -> A
         extended = _extend(workflow, event, gate, at, period)
         if extended is not None:
             return extended
-        # The gate names a run that no longer waits: its claim released the
-        # gate after this read (the append below loses the race), or the
-        # run ended otherwise: a new burst either way.
+        # The open run no longer waits: a claim took it (and released the
+        # gate when it committed, which finding no row waited for), or it
+        # ended otherwise. Read the gate again: a new burst either way.
+        gate = read_gate(gate.tenant_id, gate.workflow_name, gate.key)
     key = run_key(gate.key, event)
     run_id = run_id_of(key)
     gate.append(et.GATE_OPENED, active=str(run_id), queue=[], trigger_event_id=event.id)
@@ -293,6 +299,8 @@ def release_ended(event: Event, replaying: bool) -> None:
     if key is None:
         return
     ended = str(event.aggregate_id)
+    # Takes turns with the gate's triggers, which never wait for a run's rows.
+    db.lock_name(f"kumiko-gate:{gate_id(event.tenant_id, workflow.name, key)}")
     for _ in range(ATTEMPTS):
         gate = read_gate(event.tenant_id, workflow.name, key)
         try:

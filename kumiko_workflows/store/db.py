@@ -413,6 +413,12 @@ def claim_due(
         return None
     row = _instance_of(WorkflowRunPending, found[:width])
     trigger = None if found[width] is None else _instance_of(Event, found[width:])
+    if trigger is None and row.trigger_event_id is not None:
+        # The row may have been taken in the version a transaction that
+        # committed during the statement wrote (a debounced trigger moving
+        # the row to its new event): the lock returns that version, the
+        # join reads the statement's older snapshot. Read the event again.
+        trigger = Event.objects.filter(tenant_id=tenant_id, pk=row.trigger_event_id).first()
     return row, trigger
 
 
@@ -806,6 +812,20 @@ def lock_projection_tables() -> None:
             cursor.execute(f"LOCK TABLE {tables} IN EXCLUSIVE MODE")
     else:
         WorkflowRunPending.objects.filter(pk=-1).update(step="")
+
+
+def lock_name(name: str) -> None:
+    """Hold a lock named ``name`` until the transaction ends (PostgreSQL; SQLite has one writer).
+
+    A transaction-scoped advisory lock: what serialises the triggers of one
+    gate (:mod:`kumiko_workflows.engine.gates`), so each decides on the
+    gate as the one before it left it. Nothing else waits for it.
+    """
+    conn = engine()
+    if conn.vendor != "postgresql":
+        return
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [name])
 
 
 def due_tenants(now: datetime) -> list[str]:
