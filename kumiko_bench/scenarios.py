@@ -27,6 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import override_settings
@@ -681,6 +682,56 @@ class Bench:
         self._ratio_result(
             "tasks", n, task_times, run_times, "kumiko one-step runs, 1 worker", note="execute"
         )
+        self._tasks_beside_tasks_db(n, task_times, enqueue_times)
+
+    def _tasks_beside_tasks_db(
+        self, n: int, task_times: list[float], enqueue_times: list[float]
+    ) -> None:
+        """django-tasks-db's ``db_worker`` on the same no-op tasks, one worker, same rounds.
+
+        Its rounds follow the engine's (the same count, interleaved by the
+        caller's loop order: engine rounds first, each database fresh).
+        """
+        if not apps.is_installed("django_tasks_db"):
+            self.out(
+                "SKIPPED name=tasks_vs_tasks_db reason=django-tasks-db is not installed "
+                "(pip install -e '.[bench]')"
+            )
+            return
+        from django_tasks_db.models import DBTaskResult
+
+        db_enqueue: list[float] = []
+        db_execute: list[float] = []
+        with override_settings(TASKS=tasks_db_setting()):
+            from kumiko_bench import bench_tasks
+
+            for _ in range(self.rounds):
+                self.fresh_database()
+                started = time.perf_counter()
+                for _ in range(n):
+                    bench_tasks.noop.enqueue()
+                db_enqueue.append(time.perf_counter() - started)
+                seconds, _reports = self.go(self.start_workers("tasks_db", 1))
+                done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+                if done != n:
+                    raise RuntimeError(f"tasks_db: {done} of {n} tasks succeeded")
+                db_execute.append(seconds)
+        self._ratio_result(
+            "tasks_vs_tasks_db",
+            n,
+            task_times,
+            db_execute,
+            "django-tasks-db db_worker, 1 worker",
+            note="execute",
+        )
+        self._ratio_result(
+            "tasks_enqueue_vs_tasks_db",
+            n,
+            enqueue_times,
+            db_enqueue,
+            "django-tasks-db enqueue",
+            note="enqueue, autocommit",
+        )
 
     def scenario_drain_traced(self) -> None:
         """The drain with tracing and metrics on beside it off, interleaved in each round.
@@ -1241,6 +1292,8 @@ def worker_main(
     # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
     batch = {"BATCH_SIZE": batch_size} if batch_size is not None else {}
     tasks = {"TASKS": bench_tasks_setting()} if mode == "tasks" else {}
+    if mode == "tasks_db":
+        tasks = {"TASKS": tasks_db_setting()}
     with override_settings(KUMIKO_WORKFLOWS={**user, **batch}, **tasks):
         register_bench_workflows()
         if mode == "tasks":
@@ -1257,6 +1310,10 @@ def bench_tasks_setting() -> dict[str, Any]:
     return {"default": {"BACKEND": "kumiko_workflows.tasks.WorkflowTaskBackend"}}
 
 
+def tasks_db_setting() -> dict[str, Any]:
+    return {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+
+
 def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
     if mode == "fair":
         from django.core.management import call_command
@@ -1266,6 +1323,18 @@ def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
         if sys.stdin.readline().strip() != "GO":
             return
         call_command("resume_due_runs", "--loop", "--no-cron", "--interval", "1", verbosity=0)
+        return
+    if mode == "tasks_db":
+        from django.core.management import call_command
+        from django_tasks_db.models import DBTaskResult
+
+        out("READY")
+        if sys.stdin.readline().strip() != "GO":
+            return
+        started = time.perf_counter()
+        call_command("db_worker", "--batch", "--no-startup-delay", verbosity=0)
+        done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+        out("DONE " + json.dumps({"processed": done, "seconds": time.perf_counter() - started}))
         return
     if mode == "loop":
         from django.core.management import call_command

@@ -19,6 +19,12 @@ INSTALLED_APPS = [
     "kumiko_workflows",
     "kumiko_bench",
 ]
+try:  # the reference database backend of Django's tasks, when installed (extra "bench")
+    import django_tasks_db  # noqa: F401
+except ImportError:
+    pass
+else:
+    INSTALLED_APPS.append("django_tasks_db")
 
 DATABASES = {
     # On SQLite this file is never opened: the bench works in a temporary one.

@@ -6,6 +6,7 @@ over virtual seconds) and passes run at given instants: no sleeping.
 
 from __future__ import annotations
 
+import io
 import uuid
 from datetime import timedelta
 
@@ -368,3 +369,18 @@ def test_racing_appenders_of_a_singleton_queue_never_run_two_of_a_key_at_once():
         for (_, ended), (began, _) in zip(spans, spans[1:], strict=False):
             assert began > ended
         assert gates.read_gate("default", "g-race-queue", "k").active is None
+
+
+def test_workflow_status_counts_the_gated_starts(now):
+    from django.core.management import call_command
+
+    from kumiko_workflows.management.commands.workflow_status import status_report
+
+    emit("g.edited", "d1", 0, now)
+    for n in range(3):
+        emit("g.bill", "cust", n, now + timedelta(seconds=n))
+    assert status_report(None, now)["pending"]["gated"] == {"debounced": 1, "held": 2}
+    out = io.StringIO()
+    call_command("workflow_status", stdout=out)
+    assert "debounced starts waiting for their burst to end: 1" in out.getvalue()
+    assert "queued behind their key's active run (singleton): 2" in out.getvalue()
