@@ -384,3 +384,13 @@ def test_workflow_status_counts_the_gated_starts(now):
     call_command("workflow_status", stdout=out)
     assert "debounced starts waiting for their burst to end: 1" in out.getvalue()
     assert "queued behind their key's active run (singleton): 2" in out.getvalue()
+
+
+def test_a_held_run_is_not_woken_by_hand(now):
+    from kumiko_workflows import wake_run
+
+    for n in range(2):
+        emit("g.bill", "cust", n, now + timedelta(seconds=n))
+    active, held = runs_of("g-queue")
+    assert not wake_run(held.run_id)  # its turn comes when the active run ends
+    assert wake_run(active.run_id)
