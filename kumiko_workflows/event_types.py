@@ -1,90 +1,9 @@
-"""Names of the events a workflow run writes to its own stream.
+"""The run events' types, at their public import path: ``from kumiko_workflows import event_types``.
 
-Each run is one stream of aggregate type ``workflow-run``; these constants are
-the ``type`` of its events. Payload keys are snake_case and never copy the
-payload of a trigger or awaited event: they reference events by id.
+They live in :mod:`kumiko_workflows.workflow.event_types`; this module
+re-exports every one of them.
 """
 
-RUN_AGGREGATE_TYPE = "workflow-run"
-SCHEDULE_AGGREGATE_TYPE = "workflow-schedule"
-#: One stream per (tenant, workflow, key) of a debounced or singleton workflow:
-#: which run of the key is open (debouncing, or active) and which wait behind it.
-GATE_AGGREGATE_TYPE = "workflow-gate"
+from __future__ import annotations
 
-RUN_STARTED = "workflow.run-started"
-WAITING = "workflow.step.waiting"
-WAITING_FOR_EVENT = "workflow.step.waiting-for-event"
-RETRY_SCHEDULED = "workflow.retry.scheduled"
-RESUMED = "workflow.step.resumed"
-RUN_COMPLETED = "workflow.run-completed"
-RUN_FAILED = "workflow.run-failed"
-RUN_CANCELLED = "workflow.run-cancelled"
-#: Someone asked a waiting run to wake now (``wake_run`` or the admin).
-WAKE_REQUESTED = "workflow.wake-requested"
-#: Someone asked a failed run to run again from where its failed attempt began.
-RERUN_REQUESTED = "workflow.rerun-requested"
-#: A run of a workflow defined with ``start="worker"`` waits for a worker to run its steps.
-RUN_QUEUED = "workflow.run-queued"
-#: Someone moved a suspended run to another version of its workflow
-#: (``migrate_workflow_runs``): it resumes there, at the step the new version maps.
-RUN_MIGRATED = "workflow.run-migrated"
-#: A cron schedule was first seen by a scheduler pass; slots before it never fire.
-SCHEDULE_STARTED = "workflow.schedule.started"
-#: A cron slot was fired; cron runs use this event as their trigger.
-SCHEDULE_SLOT_FIRED = "workflow.schedule.slot-fired"
-#: Someone paused a cron schedule: its slots do not fire, then or later.
-SCHEDULE_PAUSED = "workflow.schedule.paused"
-#: Someone resumed a paused schedule: the slots after this instant fire again.
-SCHEDULE_RESUMED = "workflow.schedule.resumed"
-#: Someone fired a schedule outside its slots; that run uses this event as its trigger.
-SCHEDULE_FIRED_NOW = "workflow.schedule.fired-now"
-
-#: A trigger event of a debounced workflow (``on_event(debounce=...)``) opened
-#: a burst, or made the burst's run start later, with this event: the run
-#: waits to start at step 0 with the burst's last event as its trigger.
-RUN_DEBOUNCED = "workflow.run-debounced"
-#: A run of a ``singleton="queue"`` workflow waits until the run of its key
-#: before it ends (then the gate wakes it).
-RUN_HELD = "workflow.run-held"
-
-#: The gate's events; each payload holds the gate's whole state after it
-#: (``active``: the open run or None, ``queue``: runs waiting behind it).
-GATE_OPENED = "workflow.gate.opened"
-GATE_QUEUED = "workflow.gate.queued"
-GATE_SKIPPED = "workflow.gate.skipped"
-GATE_RELEASED = "workflow.gate.released"
-GATE_EVENTS = (GATE_OPENED, GATE_QUEUED, GATE_SKIPPED, GATE_RELEASED)
-
-SCHEDULE_EVENTS = (
-    SCHEDULE_STARTED,
-    SCHEDULE_SLOT_FIRED,
-    SCHEDULE_PAUSED,
-    SCHEDULE_RESUMED,
-    SCHEDULE_FIRED_NOW,
-)
-SUSPENSIONS = (
-    WAITING,
-    WAITING_FOR_EVENT,
-    RETRY_SCHEDULED,
-    RERUN_REQUESTED,
-    RUN_QUEUED,
-    RUN_DEBOUNCED,
-    RUN_HELD,
-)
-TERMINAL = (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
-RUN_EVENTS = (
-    RUN_STARTED,
-    WAITING,
-    WAITING_FOR_EVENT,
-    RETRY_SCHEDULED,
-    RESUMED,
-    RUN_COMPLETED,
-    RUN_FAILED,
-    RUN_CANCELLED,
-    WAKE_REQUESTED,
-    RERUN_REQUESTED,
-    RUN_QUEUED,
-    RUN_MIGRATED,
-    RUN_DEBOUNCED,
-    RUN_HELD,
-)
+from kumiko_workflows.workflow.event_types import *  # noqa: F403 - the same names, all of them

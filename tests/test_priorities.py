@@ -16,10 +16,9 @@ from datetime import timedelta
 
 import pytest
 
-from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
+from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps, wake_run
 from kumiko_workflows import event_types as et
 from kumiko_workflows.checks import check_settings
-from kumiko_workflows.engine.resume import wake_run
 from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.models import Event, RunStatus, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations import rebuild

@@ -37,13 +37,15 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import VersionConflict
 from kumiko_workflows.models import Event, SuspensionType, WorkflowRunPending
 from kumiko_workflows.store import db
-from kumiko_workflows.store.events import append_event, engine_stream
+from kumiko_workflows.store.events import append_event
+from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.store.streams import RunStream
-from kumiko_workflows.workflow.definition import Workflow, registry
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.gates")
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.engine import wakeups
-from kumiko_workflows.engine.resume import max_resume_errors, rerun_refusal
+from kumiko_workflows.engine.resume import max_resume_errors
+from kumiko_workflows.engine.run_controls import rerun_refusal
 from kumiko_workflows.models import (
     Event,
     RunStatus,
@@ -25,8 +25,9 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, suspensions
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
 _TIMELINE_HIDDEN = frozenset(
@@ -144,17 +145,8 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
         if get("priority"):
             text += f", priority {get('priority')}"
         return text + f"; trigger event #{get('trigger_event_id')}"
-    if type == et.RUN_DEBOUNCED:
-        return (
-            f"debounced: starts at {_instant(get('wake_at'))} with event "
-            f"#{get('trigger_event_id')} (event {get('events')} of its key's burst), unless "
-            f"another comes first; at the latest at {_instant(get('deadline'))}"
-        )
-    if type == et.RUN_HELD:
-        return (
-            f"queued behind run {get('behind')} of key {get('key')!r} (singleton): starts "
-            "when the runs of its key before it have ended"
-        )
+    if type in (et.RUN_DEBOUNCED, et.RUN_HELD):
+        return suspensions.gated_text(type, payload, _instant)
     if type == et.WAITING:
         return f"waits until {_instant(get('wake_at'))}"
     if type == et.WAITING_FOR_EVENT:
@@ -288,7 +280,7 @@ class Explanation:
     late_by: timedelta | None = None
     #: What the error text is the error of: "Last error (attempt 1 of 3)".
     error_heading: str = "Last error"
-    #: A failed run that :func:`~kumiko_workflows.engine.resume.rerun_run` would take.
+    #: A failed run that :func:`~kumiko_workflows.engine.run_controls.rerun_run` would take.
     rerunnable: bool = False
     #: The run changed after it was read: what this says is of the run as read.
     moved: bool = False
@@ -463,12 +455,8 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     if record is not None:
         facts.extend(record.facts(row, _Teller(run)))
     if row.priority:
-        facts.append(
-            (
-                "Priority",
-                f"{row.priority}: taken among due runs as if due at {_when(row.claim_at)}",
-            )
-        )
+        claimed = f"{row.priority}: taken among due runs as if due at {_when(row.claim_at)}"
+        facts.append(("Priority", claimed))
     if row.suspension_type == SuspensionType.EVENT:
         facts.extend(_near_miss(row))
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)

@@ -20,13 +20,13 @@ from typing import Any, Protocol
 
 from django.utils.dateparse import parse_datetime
 
-from kumiko_workflows import event_types as et
+from kumiko_workflows.workflow import event_types as et
 
 Facts = list[tuple[str, str]]
 
 
 class Teller(Protocol):
-    """What an explanation is told with (the admin's :mod:`kumiko_workflows.explain`)."""
+    """What an explanation is told with (the admin's :mod:`kumiko_workflows.operations.explain`)."""
 
     #: The run's status row.
     run: Any
@@ -299,6 +299,21 @@ def _held_facts(row: Any, tell: Teller) -> Facts:
             "the runs of its key before it have ended",
         )
     ]
+
+
+def gated_text(type: str, payload: dict[str, Any], when: Callable[[Any], str]) -> str:
+    """A debounced or held run event in words (the run's timeline)."""
+    get = payload.get
+    if type == et.RUN_DEBOUNCED:
+        return (
+            f"debounced: starts at {when(get('wake_at'))} with event "
+            f"#{get('trigger_event_id')} (event {get('events')} of its key's burst), unless "
+            f"another comes first; at the latest at {when(get('deadline'))}"
+        )
+    return (
+        f"queued behind run {get('behind')} of key {get('key')!r} (singleton): starts "
+        "when the runs of its key before it have ended"
+    )
 
 
 #: Not a step's: a run of a debounced trigger (``on_event(debounce=...)``),
