@@ -17,12 +17,14 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
             deploys,
             gates,
+            limits,
             purged_runs,
             starts,
             transitions,
             wakeups,
         )
         from kumiko_workflows.models import Event
+        from kumiko_workflows.projections import limits as limit_slots
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
         from kumiko_workflows.workflow.registry import registry as workflows
@@ -45,6 +47,13 @@ class KumikoWorkflowsConfig(AppConfig):
                 order=20,
                 builtin=True,
             )
+            projections.register(
+                "kumiko_workflows.limits",
+                limit_slots.HANDLED,
+                limit_slots.project_limits,
+                order=25,
+                builtin=True,
+            )
             # The reactions append run events: a replay replays those, not them.
             projections.register(
                 "kumiko_workflows.wakeup",
@@ -53,6 +62,7 @@ class KumikoWorkflowsConfig(AppConfig):
                 order=30,
                 replay=False,
                 builtin=True,
+                after_check=wakeups.after_event_check,
             )
             projections.register(
                 "kumiko_workflows.gates",
@@ -67,6 +77,14 @@ class KumikoWorkflowsConfig(AppConfig):
                 workflows.is_trigger,
                 starts.trigger_projection,
                 order=40,
+                replay=False,
+                builtin=True,
+            )
+            projections.register(
+                "kumiko_workflows.slot_release",
+                frozenset(et.TERMINAL),
+                limits.release_on_end,
+                order=45,
                 replay=False,
                 builtin=True,
             )

@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,13 +34,14 @@ from typing import Any, TypeVar
 from django.utils import timezone
 
 from kumiko_workflows import __version__
-from kumiko_workflows.store import claims, db
+from kumiko_workflows.store import claims, db, slots
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.step_kind import Suspend, path_text
 
 try:
     from opentelemetry import context, metrics, trace
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
 except ImportError:  # the optional extra is not installed: every hook is a no-op
     context = metrics = trace = None  # type: ignore[assignment]
 
@@ -124,6 +126,13 @@ class _Instruments:
             runs,
             f"Due runs waiting for a worker, per tenant (counted up to {BACKLOG_CAP:,})",
         )
+        meter.create_observable_gauge(
+            "kumiko.runs.queued",
+            [_observe_queued],
+            runs,
+            "Runs a flow-control limit holds back, per tenant and kind "
+            "(limited: queued for a concurrency slot; rate: waiting for the rate limit)",
+        )
 
 
 def configure(tracer_provider: Any = None, meter_provider: Any = None) -> None:
@@ -205,6 +214,48 @@ def _end(span: Any, token: Any, outcome: str) -> None:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _live() -> _Instruments | None:
+    """The instruments to record with; None while the global providers are the API's
+    proxies (no SDK set up: nothing is recorded, so no span or attribute is built)."""
+    active = _active
+    if active is None or active is not _global:
+        return active
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        if isinstance(metrics.get_meter_provider(), _ProxyMeterProvider):
+            return None
+    return active
+
+
+#: A worker batch's committed counts ((counter, labels) -> n) and resume lags.
+_Tally = tuple[dict[tuple[Any, tuple[tuple[str, Any], ...]], int], list[tuple[float, Any]]]
+_tally: ContextVar[_Tally | None] = ContextVar("kumiko_telemetry_tally", default=None)
+
+
+@contextmanager
+def counting_batch() -> Iterator[None]:
+    """Around a worker's batch: its resumes' counts, gathered at their commit (never for
+    one rolled back), are added at the end, one increment per workflow and outcome; the
+    lags one by one (a histogram takes values)."""
+    active = _live()
+    if active is None:
+        yield
+        return
+    tally: _Tally = ({}, [])
+    token = _tally.set(tally)
+    try:
+        yield
+    finally:
+        _tally.reset(token)
+        _add(active, tally)
+
+
+def _add(active: _Instruments, tally: _Tally) -> None:
+    for (counter, attributes), count in tally[0].items():
+        counter.add(count, dict(attributes))
+    for lag, labels in tally[1]:
+        active.resume_lag.record(lag, labels)
+
+
 # --- hooks of the engine --------------------------------------------------------
 
 
@@ -219,8 +270,9 @@ def traced_start(start_run: _F) -> _F:
 
     @wraps(start_run)
     def start(workflow: Any, event: Any, *args: Any, **kwargs: Any) -> Any:
-        active = _active
-        assert active is not None
+        active = _live()
+        if active is None:
+            return start_run(workflow, event, *args, **kwargs)
         attributes = {WORKFLOW: workflow.name, VERSION: workflow.version, TENANT: event.tenant_id}
         span = active.tracer.start_span(f"start {workflow.name}", attributes=attributes)
         token = _current(span)
@@ -251,8 +303,9 @@ def traced_resume(resume_row: _F) -> _F:
 
     @wraps(resume_row)
     def resume(row: Any, trigger: Any, now: datetime) -> tuple[str, bool]:
-        active = _active
-        assert active is not None
+        active = _live()
+        if active is None:
+            return resume_row(row, trigger, now)
         state = row.state if isinstance(row.state, dict) else {}
         link = state.get("trace")
         start = _span_context(link)
@@ -290,12 +343,18 @@ def traced_resume(resume_row: _F) -> _F:
         if claimed:
             counts.append((active.resumes, labels))
         if counts:
+            # In a worker's batch, joined to its counts at commit (added at its end).
+            batch = _tally.get()
+            tally: _Tally = batch if batch is not None else ({}, [])
 
             def count() -> None:
                 for counter, attributes in counts:
-                    counter.add(1, attributes)
+                    key = (counter, tuple(attributes.items()))
+                    tally[0][key] = tally[0].get(key, 0) + 1
                 if claimed:
-                    active.resume_lag.record(lag, labels)
+                    tally[1].append((lag, labels))
+                if batch is None:
+                    _add(active, tally)
 
             _at_commit(count)
         return segment.outcome, claimed
@@ -305,7 +364,7 @@ def traced_resume(resume_row: _F) -> _F:
 
 def run_step(execution: Any, step: Any, path: tuple[Any, ...]) -> None:
     """Run ``step`` at ``path`` in a span of its own, and time it."""
-    active = _active
+    active = _live()
     if active is None:
         step.run(execution, path)
         return
@@ -354,7 +413,7 @@ def carry(state: dict[str, Any]) -> dict[str, Any]:
 
 def appended(stream: Any, type: str, payload: dict[str, Any]) -> None:
     """A run event was appended to ``stream``: the segment's outcome, and the run counts."""
-    active = _active
+    active = _live()
     if active is None:
         return
     segment = _segment.get()
@@ -427,20 +486,33 @@ def worker_error(kind: str) -> None:
 
 def _observe_due(options: Any) -> Iterable[Any]:
     """Due rows per tenant, read when a metric reader collects (a scrape, an export)."""
+    rows = _read("due backlog", lambda: claims.due_backlog(timezone.now(), BACKLOG_CAP))
+    return [metrics.Observation(count, {TENANT: tenant}) for tenant, count in rows]
+
+
+def _observe_queued(options: Any) -> Iterable[Any]:
+    """Runs held back by a concurrency or rate limit, per tenant and kind, read when collected."""
+    return [
+        metrics.Observation(count, {TENANT: tenant, SUSPENSION: kind})
+        for tenant, kind, count in _read("queued runs", slots.held_back_by_tenant)
+    ]
+
+
+def _read(what: str, query: Callable[[], list[Any]]) -> list[Any]:
+    """A gauge's rows, or none: a collecting thread's failure never reaches the reader."""
     connection = db.engine()
     opened = connection.connection is None
     try:
-        rows = claims.due_backlog(timezone.now(), BACKLOG_CAP)
+        return query()
     except Exception as exc:
         # The reader's thread may have no usable connection (or none allowed):
         # no observation this time, and the reader carries on.
-        logger.warning("due backlog not observed: %s", type(exc).__name__)
+        logger.warning("%s not observed: %s", what, type(exc).__name__)
         return []
     finally:
         # A reader's thread (an exporter's, a scrape's) must not keep a connection open.
         if opened and not connection.in_atomic_block:
             connection.close()
-    return [metrics.Observation(count, {TENANT: tenant}) for tenant, count in rows]
 
 
 #: The instruments of the global providers (which may be set later: they follow).

@@ -495,3 +495,39 @@ def test_the_docs_prometheus_snippet_serves_the_metrics():
     sample("kumiko_resume_lag_seconds_count", "1.0", workflow="t-wait")
     sample("kumiko_step_duration_seconds_count", "2.0", workflow="t-wait", step="0")
     sample("kumiko_runs_due", "1.0", tenant="acme")
+
+
+@pytest.mark.django_db
+def test_the_queued_gauge_counts_the_runs_a_limit_holds_back(otel, future):
+    from kumiko_workflows import resume_due_runs
+
+    for _ in range(3):
+        trigger("t.limit-active", key="k", **{"for": future})
+    resume_due_runs()  # two hold the key's slots, one queues
+
+    assert otel.value("kumiko.runs.queued", tenant="default", suspension="limited") == 1
+    assert otel.value("kumiko.runs.queued", tenant="default", suspension="rate") == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_adds_its_resume_counts_once_at_its_commit(otel, monkeypatch):
+    events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(5)]
+    active = telemetry._active
+    assert active is not None
+    added: list[tuple[str, int]] = []
+    for name in ("resumes", "completed"):
+        counter = getattr(active, name)
+
+        def add(amount, attributes=None, *args, _add=counter.add, _name=name, **kwargs):
+            added.append((_name, amount))
+            return _add(amount, attributes, *args, **kwargs)
+
+        monkeypatch.setattr(counter, "add", add)
+    report = resume_due_runs(now=events[-1].created_at + timedelta(seconds=1))
+    assert report.completed == 5
+    # One batch: one increment of five per counter, not five of one.
+    assert sorted(added) == [("completed", 5), ("resumes", 5)]
+    assert otel.value("kumiko.resumes", workflow="t-wait") == 5
+    assert otel.value("kumiko.runs.completed", workflow="t-wait") == 5
+    (lag,) = otel.metrics()["kumiko.resume.lag"].values()
+    assert lag.count == 5

@@ -8,6 +8,7 @@ from django.db.models import F
 
 from kumiko_workflows.admin.base import WorkflowAdmin
 from kumiko_workflows.admin.display import _pre, _time, _zoned
+from kumiko_workflows.admin.pictures import step_cell
 from kumiko_workflows.models import (
     SuspensionType,
     WorkflowRunPending,
@@ -27,14 +28,14 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
         "workflow",
         "workflow_version",
         "tenant_id",
-        "step",
+        "step_text",
         "suspension_type",
         "wake",
         "due",
         "awaiting",
     )
     # The first column links to the run; the step, to this row's own page.
-    list_display_links = ("step",)
+    list_display_links = ("step_text",)
     list_filter = ("suspension_type", "workflow_name", "workflow_version", "tenant_id")
     search_fields = ("run_id",)
     search_help_text = "A run id (whole, or its first 8 characters)."
@@ -79,6 +80,10 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     def run(self, row: WorkflowRunPending) -> str:
         return self._run_link(row.run_id)
 
+    @admin.display(description="step", ordering="step")
+    def step_text(self, row: WorkflowRunPending) -> str:
+        return step_cell(row.workflow_name, row.step, row.workflow_version)
+
     @admin.display(description=_zoned("wakes at"), ordering="wake_at")
     def wake(self, row: WorkflowRunPending) -> str:
         return _time(row.wake_at)
@@ -86,6 +91,9 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     @admin.display(description="due")
     def due(self, row: WorkflowRunPending) -> str:
         """Due or not yet, and for how long or until when (words, not a red cross)."""
+        if row.wake_at is None and row.queued_at is not None:
+            key = f" of key {row.limit_key!r}" if row.limit_key else ""
+            return f"queued for a concurrency slot{key}"
         if row.wake_at is None:
             return "on the event (no deadline)"
         delta = clock.now() - row.wake_at
@@ -96,7 +104,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     @admin.display(description="late by")
     def lateness(self, row: WorkflowRunPending) -> str:
         if row.wake_at is None:
-            return "— (no deadline)"
+            return "— (queued for a slot)" if row.queued_at is not None else "— (no deadline)"
         delta = clock.now() - row.wake_at
         if delta.total_seconds() >= 0:
             return humanize(delta)

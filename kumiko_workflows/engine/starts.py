@@ -244,7 +244,9 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
                 stream.append(*opening)
                 kind, waits = admission.opening
                 stream.append(kind, {**_at_first_step(workflow, event), **waits})
-            elif workflow.start == "worker" or _in_worker.get():
+            elif workflow.start == "worker" or workflow.limited or _in_worker.get():
+                # A limited workflow's segments, its first included, are
+                # admitted by a worker (engine/limits).
                 stream.append(*opening)
                 stream.append(event_types.RUN_QUEUED, _at_first_step(workflow, event))
             else:

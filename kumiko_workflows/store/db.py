@@ -104,6 +104,22 @@ def foreign_transaction() -> str | None:
     return None
 
 
+def transactions_elsewhere() -> list[str]:
+    """The aliases other than the engine's with a transaction open in this thread (no SQL).
+
+    Whatever the engine's own connection is doing: the outbox joins such a
+    transaction (:mod:`kumiko_workflows.store.outbox`).
+    """
+    if len(connections.settings) == 1:
+        return []
+    own = alias()
+    return [
+        str(conn.alias)
+        for conn in connections.all(initialized_only=True)
+        if conn.alias != own and _in_transaction(conn)
+    ]
+
+
 def set_rollback(rollback: bool) -> None:
     transaction.set_rollback(rollback, using=alias())
 
@@ -216,14 +232,15 @@ def _now_sql(conn: BaseDatabaseWrapper, *, with_params: bool) -> str:
     return sql.replace("%", "%%") if with_params else sql
 
 
-def database_now() -> datetime:
+def database_now(using: str | None = None) -> datetime:
     """The engine's database's clock now: the one clock of instants other processes wrote.
 
     Workers write their heartbeats with ``Now()`` (this clock), and their
     age is judged on it too, so no process's own clock, however far it is
-    off, makes a dead worker look alive or a live one dead.
+    off, makes a dead worker look alive or a live one dead. ``using`` reads
+    another alias's clock instead (an outbox's rows are written on it).
     """
-    conn = engine()
+    conn = engine() if using is None else connections[using]
     with conn.cursor() as cursor:
         cursor.execute(f"SELECT {_now_sql(conn, with_params=False)}")
         (value,) = cursor.fetchone()
@@ -238,3 +255,29 @@ def connection_broken() -> bool:
     """Whether the engine's database connection itself is gone (not just a failed statement)."""
     raw = engine().connection
     return raw is None or bool(getattr(raw, "closed", False))
+
+
+def gather_on_commit(name: str, item: Any, decide: Callable[[list[Any]], Any]) -> None:
+    """Add ``item`` to the current transaction's list ``name``; at commit, ``decide(list)`` once.
+
+    For work after commit that is cheaper taken together (one statement for
+    a transaction's many appends) than one by one. Each item registers a
+    callback of its own, so a savepoint rolled back takes none of the
+    others' away; the first to run takes the whole list. An item whose
+    savepoint was rolled back may still be in it: ``decide`` must take
+    items whose rows are gone as a no-op. A list left by a transaction
+    that rolled back is dropped when the next one gathers.
+    """
+    conn = engine()
+    lists: dict[str, list[Any]] = conn.__dict__.setdefault("_kumiko_gathered", {})
+    if not conn.run_on_commit:
+        lists.clear()  # nothing pending at commit: what is gathered was rolled back
+    items = lists.setdefault(name, [])
+    items.append(item)
+
+    def run() -> None:
+        taken = lists.pop(name, None)
+        if taken:
+            decide(taken)
+
+    transaction.on_commit(run, using=conn.alias, robust=True)

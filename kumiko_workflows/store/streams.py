@@ -38,6 +38,7 @@ INVALID_MATCH = "invalid_match"
 INVALID_PENDING_ROW = "invalid_pending_row"
 INTERNAL_ERROR = "internal_error"
 RESUME_FAILED_REPEATEDLY = "resume_failed_repeatedly"
+LIMIT_KEY_FAILED = "limit_key_failed"
 #: Every reason above, in the order the admin's filter lists them.
 FAILURE_REASONS = (
     STEP_FAILED,
@@ -52,6 +53,7 @@ FAILURE_REASONS = (
     INVALID_PENDING_ROW,
     INTERNAL_ERROR,
     RESUME_FAILED_REPEATEDLY,
+    LIMIT_KEY_FAILED,
 )
 
 #: (run id, first version, last version) of events about to be appended
@@ -72,8 +74,12 @@ def is_cleared(run_id: Any, version: int) -> bool:
 
 
 #: The events whose pending row's claim order depends on the run's priority.
-_RECORDS_PRIORITY = frozenset({*event_types.SUSPENSIONS, event_types.WAKE_REQUESTED})
+_RECORDS_PRIORITY = frozenset(
+    {*event_types.SUSPENSIONS, event_types.WAKE_REQUESTED, event_types.SLOT_OFFERED}
+)
 _CLEARS_PENDING = frozenset({event_types.RUN_STARTED, event_types.RESUMED, *event_types.TERMINAL})
+#: Events that leave a run's pending rows as they were (a slot or rate start taken at a claim).
+_KEEPS_PENDING = frozenset({event_types.SLOT_TAKEN, event_types.RATE_TAKEN})
 
 
 @dataclass
@@ -175,7 +181,7 @@ class RunStream:
                 pending_cleared.reset(hint)
         self.version = event.version
         # A new stream has no pending rows; a resume or an end deletes them.
-        self._no_pending = type in _CLEARS_PENDING
+        self._no_pending = type in _CLEARS_PENDING or (self._no_pending and type in _KEEPS_PENDING)
         telemetry.appended(self, type, payload)
         return event
 

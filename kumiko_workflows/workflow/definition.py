@@ -22,6 +22,7 @@ from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import priorities
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.fingerprints import _hash
+from kumiko_workflows.workflow.limits import Limit, Rate
 from kumiko_workflows.workflow.positions import _path_sort_key, parse_path, reach_text, reached
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.step_kind import (
@@ -68,6 +69,8 @@ class Workflow:
         start: str = "inline",
         migrates_from: Mapping[int, Mapping[str, str]] | None = None,
         search_key: Callable[[Any], Any] | None = None,
+        concurrency: Limit | None = None,
+        rate: Rate | None = None,
         priority: priorities.Priority = None,
         singleton: str | None = None,
     ) -> None:
@@ -161,6 +164,11 @@ class Workflow:
         #: ``event -> str``: what the admin's search finds a run by. Not in the
         #: fingerprint: it changes no step, so changing it strands no run.
         self.search_key = search_key
+        #: Flow control (:mod:`kumiko_workflows.workflow.limits`): checked by
+        #: :func:`validate` (E111-E114). Not in the fingerprint: a cap decides
+        #: when steps run, not what they do, so changing one strands no run.
+        self.concurrency = concurrency
+        self.rate = rate
         self.awaits = awaits
         self.version = version
         #: Explicit moves of suspended runs of older versions to this one:
@@ -174,6 +182,15 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name!r} v{self.version} {self.fingerprint[:12]}>"
+
+    @property
+    def limited(self) -> bool:
+        """Whether a worker must admit each segment (a concurrency or rate limit).
+
+        Such a workflow's runs start in a worker (as ``start="worker"``), so
+        every segment, the first included, is admitted where slots are taken.
+        """
+        return self.concurrency is not None or self.rate is not None
 
     def _step_fingerprints(self) -> dict[str, str]:
         header = {
@@ -302,6 +319,8 @@ def define_workflow(
     start: str = "inline",
     migrates_from: Mapping[int, Mapping[str, str]] | None = None,
     search_key: Callable[[Any], Any] | None = None,
+    concurrency: Limit | None = None,
+    rate: Rate | None = None,
     priority: priorities.Priority = None,
     singleton: str | None = None,
     register: bool = True,
@@ -321,7 +340,11 @@ def define_workflow(
     at step 1 may continue in this version, for ``migrate_workflow_runs``
     (nothing moves until that runs). ``search_key`` (``event -> str``, at
     most 200 characters) is what the admin's search finds a run by, e.g. an
-    order number; without it, the idempotency key. ``priority`` (-100 to
+    order number; without it, the idempotency key.
+    ``concurrency=Limit(max=2, key=fn, holds="active")`` caps the runs that
+    hold a slot at once per key, and ``rate=Rate(max=10, per=60, key=fn)``
+    the segment starts per period (see :mod:`kumiko_workflows.workflow.limits`);
+    a workflow with either starts its runs in a worker. ``priority`` (-100 to
     100, or a callable of the trigger event) orders its runs among due
     work with a bounded head start (docs/howto/priorities.md).
     ``singleton="skip"`` or ``"queue"``: while a run of a key (the
@@ -342,6 +365,8 @@ def define_workflow(
         start,
         migrates_from,
         search_key=search_key,
+        concurrency=concurrency,
+        rate=rate,
         priority=priority,
         singleton=singleton,
     )

@@ -28,6 +28,20 @@ RUN_QUEUED = "workflow.run-queued"
 #: Someone moved a suspended run to another version of its workflow
 #: (``migrate_workflow_runs``): it resumes there, at the step the new version maps.
 RUN_MIGRATED = "workflow.run-migrated"
+#: A run of a workflow with a concurrency limit took a slot of its key
+#: (``holds="active"``: it holds it until ``workflow.slot-released``; else
+#: for the segment this event opens).
+SLOT_TAKEN = "workflow.slot-taken"
+#: An active holder's run ended (or stopped holding): its slot is free.
+SLOT_RELEASED = "workflow.slot-released"
+#: A run found every slot of its key taken: it waits, queued, for one.
+SLOT_WAITING = "workflow.slot-waiting"
+#: A slot freed and this run is the oldest queued for its key: it is due now.
+SLOT_OFFERED = "workflow.slot-offered"
+#: A run of a rate-limited workflow took one of its key's starts of the period.
+RATE_TAKEN = "workflow.rate-taken"
+#: A run found its rate limit's budget spent: it waits until a start is allowed.
+RATE_WAITING = "workflow.rate-waiting"
 #: A cron schedule was first seen by a scheduler pass; slots before it never fire.
 SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
@@ -68,6 +82,8 @@ SUSPENSIONS = (
     RETRY_SCHEDULED,
     RERUN_REQUESTED,
     RUN_QUEUED,
+    SLOT_WAITING,
+    RATE_WAITING,
     RUN_DEBOUNCED,
     RUN_HELD,
 )
@@ -85,6 +101,12 @@ RUN_EVENTS = (
     RERUN_REQUESTED,
     RUN_QUEUED,
     RUN_MIGRATED,
+    SLOT_TAKEN,
+    SLOT_RELEASED,
+    SLOT_WAITING,
+    SLOT_OFFERED,
+    RATE_TAKEN,
+    RATE_WAITING,
     RUN_DEBOUNCED,
     RUN_HELD,
 )

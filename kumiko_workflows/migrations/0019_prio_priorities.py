@@ -17,7 +17,7 @@ def claim_at_due(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('kumiko_workflows', '0015_task_attempt'),
+        ('kumiko_workflows', '0018_admin_dashboard_indexes'),
     ]
 
     operations = [
@@ -43,12 +43,12 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='workflowrun',
             name='suspension_type',
-            field=models.CharField(blank=True, choices=[('wait', 'wait'), ('event', 'wait for event'), ('retry', 'retry backoff'), ('rerun', 'rerun after failure'), ('queued', 'queued to start'), ('debounced', 'debounced start'), ('held', 'queued behind the run of its key')], default='', max_length=16),
+            field=models.CharField(blank=True, choices=[('wait', 'wait'), ('event', 'wait for event'), ('retry', 'retry backoff'), ('rerun', 'rerun after failure'), ('queued', 'queued to start'), ('debounced', 'debounced start'), ('held', 'queued behind the run of its key'), ('limited', 'queued for a concurrency slot'), ('rate', 'waiting for its rate limit')], default='', max_length=16),
         ),
         migrations.AlterField(
             model_name='workflowrunpending',
             name='suspension_type',
-            field=models.CharField(choices=[('wait', 'wait'), ('event', 'wait for event'), ('retry', 'retry backoff'), ('rerun', 'rerun after failure'), ('queued', 'queued to start'), ('debounced', 'debounced start'), ('held', 'queued behind the run of its key')], max_length=16),
+            field=models.CharField(choices=[('wait', 'wait'), ('event', 'wait for event'), ('retry', 'retry backoff'), ('rerun', 'rerun after failure'), ('queued', 'queued to start'), ('debounced', 'debounced start'), ('held', 'queued behind the run of its key'), ('limited', 'queued for a concurrency slot'), ('rate', 'waiting for its rate limit')], max_length=16),
         ),
         migrations.RunPython(
             claim_at_due, migrations.RunPython.noop, hints={"model_name": "workflowrunpending"}
