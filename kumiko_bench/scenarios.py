@@ -27,6 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import override_settings
@@ -732,6 +733,56 @@ class Bench:
         self._ratio_result(
             "tasks", n, task_times, run_times, "kumiko one-step runs, 1 worker", note="execute"
         )
+        self._tasks_beside_tasks_db(n, task_times, enqueue_times)
+
+    def _tasks_beside_tasks_db(
+        self, n: int, task_times: list[float], enqueue_times: list[float]
+    ) -> None:
+        """django-tasks-db's ``db_worker`` on the same no-op tasks, one worker, same rounds.
+
+        Its rounds follow the engine's (the same count, interleaved by the
+        caller's loop order: engine rounds first, each database fresh).
+        """
+        if not apps.is_installed("django_tasks_db"):
+            self.out(
+                "SKIPPED name=tasks_vs_tasks_db reason=django-tasks-db is not installed "
+                "(pip install -e '.[bench]')"
+            )
+            return
+        from django_tasks_db.models import DBTaskResult
+
+        db_enqueue: list[float] = []
+        db_execute: list[float] = []
+        with override_settings(TASKS=tasks_db_setting()):
+            from kumiko_bench import bench_tasks
+
+            for _ in range(self.rounds):
+                self.fresh_database()
+                started = time.perf_counter()
+                for _ in range(n):
+                    bench_tasks.noop.enqueue()
+                db_enqueue.append(time.perf_counter() - started)
+                seconds, _reports = self.go(self.start_workers("tasks_db", 1))
+                done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+                if done != n:
+                    raise RuntimeError(f"tasks_db: {done} of {n} tasks succeeded")
+                db_execute.append(seconds)
+        self._ratio_result(
+            "tasks_vs_tasks_db",
+            n,
+            task_times,
+            db_execute,
+            "django-tasks-db db_worker, 1 worker",
+            note="execute",
+        )
+        self._ratio_result(
+            "tasks_enqueue_vs_tasks_db",
+            n,
+            enqueue_times,
+            db_enqueue,
+            "django-tasks-db enqueue",
+            note="enqueue, autocommit",
+        )
 
     def scenario_drain_traced(self) -> None:
         """The drain with tracing and metrics on beside it off, interleaved in each round.
@@ -947,8 +998,9 @@ class Bench:
         table = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
         now = timezone.now()
         columns = (
-            "tenant_id, run_id, step, workflow_name, suspension_type, wake_at, retry_attempt, "
-            "definition_fingerprint, wait_event_type, awaits_key, run_version, state, suspended_at"
+            "tenant_id, run_id, step, workflow_name, suspension_type, wake_at, claim_at, "
+            "retry_attempt, definition_fingerprint, wait_event_type, awaits_key, run_version, "
+            "state, suspended_at"
         )
         for count, offset in ((not_due, timedelta(days=30)), (SCAN_DUE_ROWS, -timedelta(days=1))):
             wake_at = now + offset
@@ -956,9 +1008,9 @@ class Bench:
                 self.execute(
                     f"INSERT INTO {table} ({columns}) "  # noqa: S608
                     "SELECT %s, gen_random_uuid(), '1', 'kumiko-bench-scan', 'wait', "
-                    "%s + (i * interval '1 millisecond'), 0, 'bench', '', '', 2, '{}', %s "
-                    "FROM generate_series(1, %s) AS i",
-                    [self.tenant, wake_at, now, count],
+                    "%s + (i * interval '1 millisecond'), %s + (i * interval '1 millisecond'), "
+                    "0, 'bench', '', '', 2, '{}', %s FROM generate_series(1, %s) AS i",
+                    [self.tenant, wake_at, wake_at, now, count],
                 )
             else:
                 wake_text = connection.ops.adapt_datetimefield_value(wake_at)
@@ -967,14 +1019,17 @@ class Bench:
                     "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < %s) "  # noqa: S608
                     f"INSERT INTO {table} ({columns}) "
                     "SELECT %s, lower(hex(randomblob(16))), '1', 'kumiko-bench-scan', 'wait', "
-                    "%s, 0, 'bench', '', '', 2, '{}', %s FROM s",
-                    [count, self.tenant, wake_text, stamp],
+                    "%s, %s, 0, 'bench', '', '', 2, '{}', %s FROM s",
+                    [count, self.tenant, wake_text, wake_text, stamp],
                 )
         if self.vendor == "postgresql":
             self.execute(f"ANALYZE {table}")
+        # The claim's order (store/db.claim_due): the claim instant, due rows only.
         query = (
-            WorkflowRunPending.objects.filter(tenant_id=self.tenant, wake_at__lte=now)
-            .order_by("wake_at", "id")
+            WorkflowRunPending.objects.filter(
+                tenant_id=self.tenant, claim_at__lte=now, wake_at__lte=now
+            )
+            .order_by("claim_at", "id")
             .select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
         )
         size = int(_setting("BATCH_SIZE"))
@@ -982,7 +1037,7 @@ class Bench:
             plan = query[:size].explain()
         plan_line = " | ".join(line.strip() for line in plan.splitlines() if line.strip())
         self.out(f"PLAN name=scan {plan_line}")
-        uses_index = "kw_pending_due" in plan
+        uses_index = "kw_pending_claim" in plan
         times = []
         for _ in range(200):
             started = time.perf_counter()
@@ -1005,7 +1060,7 @@ class Bench:
         self.out(f"SCAN ms={ms:.3f} index={'yes' if uses_index else 'no'}")
         if not uses_index and not_due >= 100_000:
             # (On a small table the planner rightly prefers a sequential scan.)
-            raise RuntimeError("the due query does not use the kw_pending_due index")
+            raise RuntimeError("the due query does not use the kw_pending_claim index")
 
     def scenario_wake(self) -> None:
         from kumiko_workflows.store.events import append_event
@@ -1457,6 +1512,8 @@ def worker_main(
     # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
     batch = {"BATCH_SIZE": batch_size} if batch_size is not None else {}
     tasks = {"TASKS": bench_tasks_setting()} if mode == "tasks" else {}
+    if mode == "tasks_db":
+        tasks = {"TASKS": tasks_db_setting()}
     with override_settings(KUMIKO_WORKFLOWS={**user, **batch}, **tasks):
         register_bench_workflows()
         if mode == "tasks":
@@ -1473,6 +1530,10 @@ def bench_tasks_setting() -> dict[str, Any]:
     return {"default": {"BACKEND": "kumiko_workflows.tasks.WorkflowTaskBackend"}}
 
 
+def tasks_db_setting() -> dict[str, Any]:
+    return {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+
+
 def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
     if mode == "fair":
         from django.core.management import call_command
@@ -1482,6 +1543,18 @@ def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
         if sys.stdin.readline().strip() != "GO":
             return
         call_command("resume_due_runs", "--loop", "--no-cron", "--interval", "1", verbosity=0)
+        return
+    if mode == "tasks_db":
+        from django.core.management import call_command
+        from django_tasks_db.models import DBTaskResult
+
+        out("READY")
+        if sys.stdin.readline().strip() != "GO":
+            return
+        started = time.perf_counter()
+        call_command("db_worker", "--batch", "--no-startup-delay", verbosity=0)
+        done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+        out("DONE " + json.dumps({"processed": done, "seconds": time.perf_counter() - started}))
         return
     if mode == "loop":
         from django.core.management import call_command

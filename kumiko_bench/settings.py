@@ -26,6 +26,12 @@ INSTALLED_APPS = [
     "kumiko_workflows",
     "kumiko_bench",
 ]
+try:  # the reference database backend of Django's tasks, when installed (extra "bench")
+    import django_tasks_db  # noqa: F401
+except ImportError:
+    pass
+else:
+    INSTALLED_APPS.append("django_tasks_db")
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

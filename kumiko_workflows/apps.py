@@ -16,6 +16,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows import event_types as et
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
             deploys,
+            gates,
             limits,
             purged_runs,
             starts,
@@ -62,6 +63,14 @@ class KumikoWorkflowsConfig(AppConfig):
                 replay=False,
                 builtin=True,
                 after_check=wakeups.after_event_check,
+            )
+            projections.register(
+                "kumiko_workflows.gates",
+                frozenset(et.TERMINAL),
+                gates.release_ended,
+                order=35,
+                replay=False,
+                builtin=True,
             )
             projections.register(
                 "kumiko_workflows.trigger",

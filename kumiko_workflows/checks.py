@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 from django.core import checks
@@ -105,6 +106,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     errors.extend(_weight_problems(workflow_settings.TENANT_WEIGHTS))
+    head_start = workflow_settings.PRIORITY_HEAD_START
+    if isinstance(head_start, timedelta):
+        head_start = head_start.total_seconds()
+    if isinstance(head_start, bool) or not isinstance(head_start, int | float) or head_start < 0:
+        errors.append(
+            checks.Error(
+                "KUMIKO_WORKFLOWS['PRIORITY_HEAD_START'] must be a number of seconds >= 0 "
+                f"(or a timedelta), got {workflow_settings.PRIORITY_HEAD_START!r}.",
+                hint="The head start of priority 100; 0 turns priorities off. The default is "
+                f"{DEFAULTS['PRIORITY_HEAD_START']!r}.",
+                id="kumiko_workflows.E116",
+            )
+        )
     for key in ("CRON_TENANTS", "ADMIN_TENANT"):
         try:
             import_callable(getattr(workflow_settings, key), key)

@@ -32,6 +32,10 @@ DEFAULTS: dict[str, Any] = {
     # Weights of tenants' turns in a resume pass (tenant id -> positive int):
     # a turn resumes BATCH_SIZE x weight runs; a tenant not named weighs 1.
     "TENANT_WEIGHTS": {},
+    # Seconds of head start a run of priority 100 gets on its due time among
+    # due rows (priority p: p/100 of it; negative: held back as much). A run
+    # is passed over only by work due within 2x this after it (priorities.md).
+    "PRIORITY_HEAD_START": 60.0,
     # Seconds after which a worker commits its batch early (a slow step ends it).
     "BATCH_SECONDS": 0.5,
     # Passes in a row whose resume of a run raises before the run is failed

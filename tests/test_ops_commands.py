@@ -149,7 +149,13 @@ def test_workflow_status_json_for_machines(past, future):
     assert data["failed"][0]["reason"] == "step_failed"
     assert data["failed"][0]["step_label"] == "step 0 (compute 'boom')"
     assert scoped["tenant"] == "acme" and "failed" not in scoped
-    assert scoped["pending"] == {"total": 1, "due": 0, "oldest_due": None, "due_by_tenant": {}}
+    assert scoped["pending"] == {
+        "total": 1,
+        "due": 0,
+        "oldest_due": None,
+        "due_by_tenant": {},
+        "gated": {"debounced": 0, "held": 0},
+    }
     assert data["pending"]["due_by_tenant"] == {"default": 1}
 
 

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import uuid
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -21,6 +22,7 @@ from django.db import transaction
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
+from kumiko_workflows import event_types as et
 from kumiko_workflows import resume_due_runs
 from kumiko_workflows.models import Event, TaskAttempt, WorkflowRun
 from kumiko_workflows.tasks import WorkflowTaskBackend, compat, periodic
@@ -120,14 +122,26 @@ class EnqueueAndResultTests(TestCase):
         with self.assertRaisesMessage(compat.InvalidTask, "Queue 'nope' is not valid"):
             tasks.add.using(queue_name="nope")
 
-    def test_a_priority_is_kept_on_the_run_and_refused_out_of_range(self):
-        self.assertFalse(WorkflowTaskBackend.supports_priority)
-        result = tasks.add.using(priority=40).enqueue(1, 2)
-        self.assertEqual(tasks.add.get_result(result.id).task.priority, 40)
-        run = WorkflowRun.objects.get(run_id=result.id)
+    def test_tasks_are_claimed_by_priority_and_bad_priorities_refused(self):
+        self.assertTrue(WorkflowTaskBackend.supports_priority)
+        low = tasks.add.using(priority=-100).enqueue(1, 0)
+        plain = tasks.add.enqueue(2, 0)
+        high = tasks.add.using(priority=100).enqueue(3, 0)
+        mid = tasks.add.using(priority=40).enqueue(4, 0)
+        self.assertEqual(tasks.add.get_result(mid.id).task.priority, 40)
+        run = WorkflowRun.objects.get(run_id=mid.id)
+        self.assertEqual(run.priority, 40)
         self.assertEqual(Event.objects.get(id=run.trigger_event_id).payload["priority"], 40)
-        with self.assertRaises(compat.InvalidTask):
-            tasks.add.using(priority=101)
+        drain()
+        order = list(
+            Event.objects.filter(type=et.RESUMED)
+            .order_by("id")
+            .values_list("aggregate_id", flat=True)
+        )
+        self.assertEqual([str(run_id) for run_id in order], [high.id, mid.id, plain.id, low.id])
+        for priority in (101, -101, True, 1.5):
+            with self.assertRaises(compat.InvalidTask):
+                tasks.add.using(priority=priority)
 
     def test_arguments_json_cannot_hold_are_refused_before_any_write(self):
         with self.assertRaises(TypeError):
@@ -433,35 +447,43 @@ def test_a_task_whose_worker_died_is_run_again_not_left_running(tmp_path):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_many_tasks_three_workers_one_sigkilled_each_task_finishes_exactly_once(tmp_path):
+def test_2000_tasks_four_workers_one_sigkilled_each_task_finishes_exactly_once(tmp_path):
     from kumiko_workflows import event_types as et
     from tests.faults_support import Worker, wait_for
 
-    n = 600
-    with _calls_file():
-        with transaction.atomic():
-            ids = [tasks.record.enqueue(f"task {i}").id for i in range(n)]
-        workers = [
-            Worker(tmp_path, "--loop", "--no-cron", "--interval", "1", name=f"kumiko-task-w{i}")
-            for i in range(3)
-        ]
-        try:
+    n = 2000
+    with transaction.atomic():
+        # Every priority of the scale, so the race runs through the priority order too.
+        ids = [tasks.add.using(priority=i % 201 - 100).enqueue(i, 1000).id for i in range(n)]
+    workers = [
+        Worker(tmp_path, "--loop", "--no-cron", "--interval", "1", name=f"kumiko-task-w{i}")
+        for i in range(4)
+    ]
+    try:
 
-            def completed() -> int:
-                return WorkflowRun.objects.filter(run_id__in=ids, status="completed").count()
+        def completed() -> int:
+            return WorkflowRun.objects.filter(run_id__in=ids, status="completed").count()
 
-            wait_for(lambda: completed() >= n // 4, "a quarter of the tasks to complete")
-            workers[0].signal(9)  # mid-batch: its uncommitted tasks roll back
-            assert workers[0].wait() == -9
-            wait_for(lambda: completed() == n, "every task to complete")
-        finally:
-            for worker in workers[1:]:
-                worker.stop()
-            workers[0].signal(9)
-    finals = Event.objects.filter(aggregate_id__in=ids, type__in=et.TERMINAL).values_list(
-        "aggregate_id", flat=True
-    )
-    assert len(finals) == n and len(set(finals)) == n  # one final event per task, no more
-    statuses = {tasks.record.get_result(str(i)).status for i in ids[:: n // 20]}
-    assert statuses == {Status.SUCCESSFUL}
+        wait_for(lambda: completed() >= n // 4, "a quarter of the tasks to complete")
+        workers[0].signal(9)  # mid-batch: its uncommitted tasks roll back
+        assert workers[0].wait() == -9
+        wait_for(lambda: completed() == n, "every task to complete", timeout=300)
+    finally:
+        for worker in workers[1:]:
+            worker.stop()
+        workers[0].signal(9)
+    # Counted in the database: one final event and one committed resume per task.
+    for kind in (et.TERMINAL, [et.RESUMED]):
+        per_task = Counter(
+            Event.objects.filter(aggregate_id__in=ids, type__in=kind).values_list(
+                "aggregate_id", flat=True
+            )
+        )
+        assert len(per_task) == n and set(per_task.values()) == {1}, kind
+    results = {str(run_id): None for run_id in ids}
+    for run_id, state in Event.objects.filter(
+        aggregate_id__in=ids, type=et.RUN_COMPLETED
+    ).values_list("aggregate_id", "payload__state"):
+        results[str(run_id)] = state["results"]["task_once"]["return_value"]
+    assert [results[task_id] for task_id in ids] == [i + 1000 for i in range(n)]
     assert not TaskAttempt.objects.filter(run_id__in=ids).exists()

@@ -24,7 +24,11 @@ RUN_LINK_LIMIT = 20
 #: Wake-ups after an event that its page looks through for the runs it woke.
 WAKE_WINDOW = 10_000
 
-_ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
+_ENGINE_AGGREGATE_TYPES = (
+    et.RUN_AGGREGATE_TYPE,
+    et.SCHEDULE_AGGREGATE_TYPE,
+    et.GATE_AGGREGATE_TYPE,
+)
 
 
 class EventKindFilter(admin.SimpleListFilter):

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from kumiko_workflows import telemetry
-from kumiko_workflows.engine import deploys, limits
+from kumiko_workflows.engine import deploys, gates, limits
 from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
 from kumiko_workflows.engine.wakeups import (
     event_ending,
@@ -207,6 +207,8 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         cursor = Cursor(path, after=record.after, attempt=record.attempt(row))
     else:  # a rerun of a run that failed after its last step: just complete it
         cursor = Cursor((len(workflow.steps),), after=False)
+    if row.suspension_type == SuspensionType.DEBOUNCED:
+        gates.release_debounced(row)  # the burst ends with this claim
     # A move onto an edited definition is appended on its own: its status write comes first.
     held = moved_from is None
     outcome = run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held)

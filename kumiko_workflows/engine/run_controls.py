@@ -74,6 +74,7 @@ def _append_to_run(
             run.version,
             run.definition_fingerprint,
             run.trigger_event_id,
+            priority=run.priority,
         )
         try:
             with db.atomic():
@@ -131,6 +132,9 @@ def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> b
 def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     """Make a waiting run due now; False if it is not waiting.
 
+    A run queued behind its key's active run (``singleton="queue"``) is not
+    woken (False): its key's gate wakes it when its turn comes.
+
     Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
     for a ``by`` the event store would refuse.
     """
@@ -138,7 +142,7 @@ def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     joins_callers_transaction("wake_run")
     return _append_to_run(
         run_id,
-        lambda run: run.status == RunStatus.WAITING,
+        lambda run: run.status == RunStatus.WAITING and run.suspension_type != SuspensionType.HELD,
         et.WAKE_REQUESTED,
         lambda run: {"workflow_name": run.workflow_name, "step": run.step, "by": by or ""},
         by,

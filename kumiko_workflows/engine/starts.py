@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
+from typing import Any
 
 from kumiko_workflows import telemetry
+from kumiko_workflows.engine import gates
 from kumiko_workflows.engine.segment import RunContext, fail_opened, run_segment
 from kumiko_workflows.exceptions import (
     VersionConflict,
@@ -30,7 +32,7 @@ from kumiko_workflows.store.streams import (
     RunStream,
     raised,
 )
-from kumiko_workflows.workflow import event_types
+from kumiko_workflows.workflow import event_types, priorities
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.definition import Workflow, run_id_for
 from kumiko_workflows.workflow.jsonvalues import text_problem
@@ -118,6 +120,54 @@ def search_key_of(workflow: Workflow, event: Event) -> str:
     return value
 
 
+def _at_first_step(workflow: Workflow, event: Event) -> dict[str, Any]:
+    """The payload of a suspension before the run's first step (queued, debounced, held)."""
+    return {
+        "step": "0",
+        "workflow_name": workflow.name,
+        "workflow_version": workflow.version,
+        "definition_fingerprint": workflow.fingerprint,
+        "trigger_event_id": event.id,
+        "state": telemetry.carry({"results": {}, "awaited": {}}),
+    }
+
+
+def priority_of(workflow: Workflow, event: Event) -> int:
+    """The priority of the run ``event`` starts: the trigger's, else the workflow's, else 0.
+
+    Either may be a callable of the event (a priority per start). A priority
+    only orders due work, so a callable that raises or returns something
+    else than a whole number from -100 to 100 is logged and the run starts
+    with none.
+    """
+    trigger = workflow.trigger
+    value = getattr(trigger, "priority", None)
+    if value is None:
+        value = workflow.priority
+    if value is None:
+        return priorities.DEFAULT_PRIORITY
+    if callable(value):
+        try:
+            value = value(event)
+        except Exception:
+            logger.exception(
+                "workflow=%s trigger_event=%s priority raised; the run has none",
+                workflow.name,
+                event.id,
+            )
+            return priorities.DEFAULT_PRIORITY
+        wrong = priorities.problem(value)
+        if wrong:
+            logger.error(
+                "workflow=%s trigger_event=%s priority: %s; the run has none",
+                workflow.name,
+                event.id,
+                wrong,
+            )
+            return priorities.DEFAULT_PRIORITY
+    return int(value)
+
+
 @telemetry.traced_start
 def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) -> uuid.UUID | None:
     """Start one run of ``workflow`` for ``event``: run it inline until it suspends, or queue it.
@@ -145,6 +195,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
             IDEMPOTENCY_KEY_FAILED, "", "the idempotency_key callable raised", exc
         )
     run_id = run_id_for(workflow.name, key, event.tenant_id)
+    priority = priority_of(workflow, event)
     started = {
         "workflow_name": workflow.name,
         "workflow_version": workflow.version,
@@ -155,9 +206,19 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
     }
     if workflow.search_key is not None:  # else the idempotency key is the search key
         started["search_key"] = search_key_of(workflow, event)
+    if priority:
+        started["priority"] = priority
+    gated = filter_error is None and gates.is_gated(workflow)
     # Every append below happens in an atomic block that an error unwinds.
     stream = RunStream(
-        run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id, savepoint=False
+        run_id,
+        event.tenant_id,
+        workflow.name,
+        0,
+        workflow.fingerprint,
+        event.id,
+        savepoint=False,
+        priority=priority,
     )
     opening = (event_types.RUN_STARTED, started)
     fresh = stream.mark()
@@ -165,23 +226,29 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         # One savepoint for the whole start: an error in the engine's own
         # writes takes them all back, and the domain write still commits.
         with db.atomic():
+            admission = None
+            if gated:
+                admission = gates.admit(
+                    workflow, event, key, lambda k: run_id_for(workflow.name, k, event.tenant_id)
+                )
+                if admission.run_key is None:
+                    return None  # skipped, or the burst's open run took the event
+                # Each gated start is a run of its own, found by the gate's key.
+                started.setdefault("search_key", key)
+                started[gates.GATE_KEY] = key
+                key = started["idempotency_key"] = admission.run_key
+                run_id = stream.run_id = run_id_for(workflow.name, key, event.tenant_id)
             if filter_error is not None:
                 fail_opened(stream, opening, filter_error, state=None, retry_from=None)
+            elif admission is not None and admission.opening is not None:
+                stream.append(*opening)
+                kind, waits = admission.opening
+                stream.append(kind, {**_at_first_step(workflow, event), **waits})
             elif workflow.start == "worker" or workflow.limited or _in_worker.get():
                 # A limited workflow's segments, its first included, are
                 # admitted by a worker (engine/limits).
                 stream.append(*opening)
-                stream.append(
-                    event_types.RUN_QUEUED,
-                    {
-                        "step": "0",
-                        "workflow_name": workflow.name,
-                        "workflow_version": workflow.version,
-                        "definition_fingerprint": workflow.fingerprint,
-                        "trigger_event_id": event.id,
-                        "state": telemetry.carry({"results": {}, "awaited": {}}),
-                    },
-                )
+                stream.append(event_types.RUN_QUEUED, _at_first_step(workflow, event))
             else:
                 ctx = RunContext(
                     run_id=run_id,

@@ -74,8 +74,14 @@ def _mapping(name: str, from_version: int, to_version: int) -> tuple[Workflow, d
 
 
 def _queued(row: WorkflowRunPending) -> bool:
-    """A run queued to start in a worker: it has run no step, so it can start on any version."""
-    return row.suspension_type == suspensions.QUEUED.suspension_type
+    """A run not started yet (queued, debounced, held): it has run no step, so any version fits."""
+    return row.suspension_type in _NOT_STARTED
+
+
+_NOT_STARTED = frozenset(
+    record.suspension_type
+    for record in (suspensions.QUEUED, suspensions.DEBOUNCED, suspensions.HELD)
+)
 
 
 def _refusal(

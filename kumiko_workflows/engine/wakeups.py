@@ -43,7 +43,11 @@ logger = logging.getLogger("kumiko_workflows.wakeups")
 #: nothing is retried for ever. The wait's own timeout still looks back.
 MAX_CHECK_ATTEMPTS = 5
 
-_ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
+_ENGINE_AGGREGATE_TYPES = (
+    et.RUN_AGGREGATE_TYPE,
+    et.SCHEDULE_AGGREGATE_TYPE,
+    et.GATE_AGGREGATE_TYPE,
+)
 
 
 # --- which event ends which wait ------------------------------------------------

@@ -96,6 +96,15 @@ class WorkflowRunPending(models.Model):
     )
     suspension_type = models.CharField(max_length=16, choices=SuspensionType.choices)
     wake_at = models.DateTimeField(null=True, blank=True)
+    # The claim's order: wake_at less the run's head start (its priority,
+    # docs/howto/priorities.md); equal to wake_at without a priority.
+    claim_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the row's turn comes among due rows: wake_at less its priority's "
+        "head start (later for a negative priority).",
+    )
+    priority = models.SmallIntegerField(default=0, db_default=0)
     timeout_at = models.DateTimeField(null=True, blank=True)
     retry_attempt = models.PositiveIntegerField(default=0)
     definition_fingerprint = models.CharField(max_length=64)
@@ -147,6 +156,8 @@ class WorkflowRunPending(models.Model):
         ]
         indexes = [
             models.Index(fields=["tenant_id", "wake_at", "id"], name="kw_pending_due"),
+            # The claim's scan: due rows in their priority's order (store/claims.claim_due).
+            models.Index(fields=["tenant_id", "claim_at", "id"], name="kw_pending_claim"),
             models.Index(
                 fields=["tenant_id", "wait_event_type"],
                 condition=Q(match_scan=True),

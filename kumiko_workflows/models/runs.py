@@ -24,6 +24,8 @@ class SuspensionType(models.TextChoices):
     RETRY = "retry", "retry backoff"
     RERUN = "rerun", "rerun after failure"
     QUEUED = "queued", "queued to start"
+    DEBOUNCED = "debounced", "debounced start"
+    HELD = "held", "queued behind the run of its key"
     LIMITED = "limited", "queued for a concurrency slot"
     RATE = "rate", "waiting for its rate limit"
 
@@ -74,6 +76,12 @@ class WorkflowRun(models.Model):
     last_error = models.TextField(blank=True, default="")
     definition_fingerprint = models.CharField(max_length=64)
     trigger_event_id = models.BigIntegerField(null=True, blank=True)
+    # db_default: rows written outside the ORM (bulk loads) and before priorities get 0.
+    priority = models.SmallIntegerField(
+        default=0,
+        db_default=0,
+        help_text="The run's priority, -100 to 100 (0: none), from its run-started event.",
+    )
     version = models.PositiveIntegerField(help_text="Stream version of the last event seen.")
     started_at = models.DateTimeField()
     updated_at = models.DateTimeField()

@@ -143,7 +143,11 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
         text = f"key {get('idempotency_key')}"
         if get("search_key"):
             text += f", search key {get('search_key')}"
+        if get("priority"):
+            text += f", priority {get('priority')}"
         return text + f"; trigger event #{get('trigger_event_id')}"
+    if type in (et.RUN_DEBOUNCED, et.RUN_HELD):
+        return suspensions.gated_text(type, payload, _instant)
     if type == et.WAITING:
         return f"waits until {_instant(get('wake_at'))}"
     if type == et.WAITING_FOR_EVENT:
@@ -532,6 +536,9 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
         return _explain_limited(run, row, now)
     kind = row.get_suspension_type_display()
     facts = _suspended_facts(run, row, row.suspension_type, kind)
+    if row.priority:
+        claimed = f"{row.priority}: taken among due runs as if due at {_when(row.claim_at)}"
+        facts.append(("Priority", claimed))
     if row.suspension_type == SuspensionType.EVENT:
         facts.extend(_near_miss(row))
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)

@@ -18,7 +18,13 @@ from django.db.models import Count
 from django.utils.connection import ConnectionDoesNotExist
 
 from kumiko_workflows.engine.cron import schedule_overview
-from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.models import (
+    RunStatus,
+    SuspensionType,
+    WorkerHeartbeat,
+    WorkflowRun,
+    WorkflowRunPending,
+)
 from kumiko_workflows.operations.explain import humanize, step_label
 from kumiko_workflows.operations.limits import queued_by_key, rate_waiting
 from kumiko_workflows.operations.versions import (
@@ -53,6 +59,7 @@ def status_report(
             "due": due.count(),
             "oldest_due": oldest_due(tenant, now),
             "due_by_tenant": due_by_tenant(tenant, now),
+            "gated": gated_starts(pending),
         },
         "workers": workers(tenant),
         # Runs a concurrency limit queues (per key) or a rate limit holds back, and why.
@@ -96,6 +103,16 @@ def due_by_tenant(tenant: str | None, now: datetime) -> dict[str, int]:
         if count and (tenant is None or each == tenant)
     ]
     return dict(sorted(rows, key=lambda row: (-row[1], row[0])))
+
+
+def gated_starts(pending: Any) -> dict[str, int]:
+    """Runs not started yet behind their key's gate: debounced, and held (singleton queue)."""
+    kinds = (SuspensionType.DEBOUNCED, SuspensionType.HELD)
+    counts = dict.fromkeys((str(kind) for kind in kinds), 0)
+    rows = pending.filter(suspension_type__in=kinds).order_by().values("suspension_type")
+    for row in rows.annotate(n=Count("id")):
+        counts[row["suspension_type"]] = row["n"]
+    return counts
 
 
 def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:

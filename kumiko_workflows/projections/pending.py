@@ -27,13 +27,15 @@ from kumiko_workflows.projections.run_status import is_run_event
 from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.streams import is_cleared
 from kumiko_workflows.workflow import event_types as et
-from kumiko_workflows.workflow import matching, suspensions
+from kumiko_workflows.workflow import matching, priorities, suspensions
 
 _PENDING_UPDATE_FIELDS = [
     "workflow_name",
     "workflow_version",
     "suspension_type",
     "wake_at",
+    "claim_at",
+    "priority",
     "timeout_at",
     "retry_attempt",
     "definition_fingerprint",
@@ -77,6 +79,8 @@ def _pending_row(event: Event) -> WorkflowRunPending:
     assert record is not None, f"{kind} is not a suspension"
     for column, value in record.pending_columns(payload, event.created_at).items():
         setattr(row, column, value)
+    row.priority = payload.get("priority") or 0
+    row.claim_at = priorities.claim_instant(row.wake_at, payload.get("head_start") or 0)
     return row
 
 
@@ -134,6 +138,9 @@ def project_pending(event: Event, replaying: bool) -> None:
     elif kind == et.WAKE_REQUESTED:
         changes: dict[str, Any] = {
             "wake_at": event.created_at,
+            "claim_at": priorities.claim_instant(
+                event.created_at, event.payload.get("head_start") or 0
+            ),
             "due_since": event.created_at,
             "run_version": event.version,
         }
@@ -151,7 +158,13 @@ def project_pending(event: Event, replaying: bool) -> None:
         # order (it keeps queued_at, should it have to queue again).
         WorkflowRunPending.objects.filter(
             tenant_id=event.tenant_id, run_id=event.aggregate_id
-        ).update(wake_at=event.created_at, run_version=event.version)
+        ).update(
+            wake_at=event.created_at,
+            claim_at=priorities.claim_instant(
+                event.created_at, event.payload.get("head_start") or 0
+            ),
+            run_version=event.version,
+        )
         if not replaying:
             notify_due(event.tenant_id)
     elif kind == et.RUN_MIGRATED:

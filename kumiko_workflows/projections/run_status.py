@@ -114,6 +114,7 @@ def project_run_status(event: Event, replaying: bool) -> None:
             status=RunStatus.RUNNING,
             definition_fingerprint=payload["definition_fingerprint"],
             trigger_event_id=payload.get("trigger_event_id"),
+            priority=payload.get("priority") or 0,
             version=event.version,
             started_at=event.created_at,
             updated_at=event.created_at,

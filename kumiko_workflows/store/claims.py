@@ -1,5 +1,4 @@
-"""Claiming due pending rows: the worker's hottest statement, and which tenants have due rows.
-"""
+"""Claiming due pending rows: the worker's hottest statement, and which tenants have due rows."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ def claiming_only(workflow_names: Sequence[str] | None) -> Iterator[None]:
 def claim_due(
     tenant_id: str, now: datetime, passed_over: set[int], leaving: Collection[str] = ()
 ) -> tuple[WorkflowRunPending, Event | None] | None:
-    """Take the tenant's next due pending row that nobody holds (oldest first), or None.
+    """Take the tenant's next due pending row nobody holds (earliest claim instant), or None.
 
     The row is deleted as it is taken (a resume ends its suspension) and
     returned with its run's trigger event (None if that event is gone): on
@@ -47,6 +46,14 @@ def claim_due(
     rows (errors in this pass) are not taken again, nor rows of the
     ``leaving`` definitions (newer code than this process's: see
     :mod:`kumiko_workflows.engine.deploys`).
+
+    Due rows are taken in the order of their claim instant (``claim_at``:
+    the due time less the priority's head start, see
+    :mod:`kumiko_workflows.workflow.priorities`), scanning ``kw_pending_claim``
+    up to ``now``. Only when no row is due by that order, rows whose claim
+    instant is still ahead (held back by a negative priority, or written
+    without one) are taken, oldest due first: a held-back row waits for
+    other due work, never for an idle worker.
     """
     skip = sorted(passed_over)
     foreign = sorted(leaving)
@@ -55,7 +62,7 @@ def claim_due(
     width = len(pending.concrete_fields)
     chained = chains_writes()
 
-    def build() -> str:
+    def build(held: bool) -> str:
         ops = engine().ops
         table = ops.quote_name(pending.db_table)
         pending_fields, event_fields = pending.concrete_fields, event.concrete_fields
@@ -63,7 +70,12 @@ def claim_due(
         returned = ", ".join(ops.quote_name(str(f.column)) for f in pending_fields)
         event_columns = ", ".join(f"e.{ops.quote_name(str(f.column))}" for f in event_fields)
         alias = "" if chained else "c."
+        # In turn: the claim instant's order, due rows only; then the due rows
+        # the claim instant holds back (see the docstring).
+        order = f"{alias}wake_at, {alias}id" if held else f"{alias}claim_at, {alias}id"
         where = f"{alias}tenant_id = %s AND {alias}wake_at <= %s"
+        if not held:
+            where = f"{alias}tenant_id = %s AND {alias}claim_at <= %s AND {alias}wake_at <= %s"
         if skip:
             where += f" AND {alias}id NOT IN ({', '.join(['%s'] * len(skip))})"
         if foreign:
@@ -78,21 +90,26 @@ def claim_due(
         if chained:
             return (
                 f"WITH c AS (DELETE FROM {table} WHERE id = ("  # noqa: S608 - identifiers
-                f"SELECT id FROM {table} WHERE {where} ORDER BY wake_at, id LIMIT 1 "
+                f"SELECT id FROM {table} WHERE {where} ORDER BY {order} LIMIT 1 "
                 f"FOR UPDATE SKIP LOCKED) RETURNING {returned}) "
                 f"SELECT {row_columns}, {event_columns} FROM c {join}"
             )
         return (
             f"SELECT {row_columns}, {event_columns} FROM {table} c {join} "  # noqa: S608
-            f"WHERE {where} ORDER BY c.wake_at, c.id LIMIT 1"
+            f"WHERE {where} ORDER BY {order} LIMIT 1"
         )
 
-    sql = statement(("claim_due", len(skip), len(foreign), len(only)), build)
+    shape = (len(skip), len(foreign), len(only))
+    ordered = statement(("claim_due", *shape), lambda: build(False))
     with hot_cursor() as cursor:
         if not chained:
             _take_write_lock(cursor)
-        cursor.execute(sql, [tenant_id, now, *skip, *foreign, *only])
+        cursor.execute(ordered, [tenant_id, now, now, *skip, *foreign, *only])
         found = cursor.fetchone()
+        if found is None:
+            held = statement(("claim_due_held", *shape), lambda: build(True))
+            cursor.execute(held, [tenant_id, now, *skip, *foreign, *only])
+            found = cursor.fetchone()
         if found is not None and not chained:
             delete = statement(
                 ("claim_due_delete",),
@@ -106,6 +123,12 @@ def claim_due(
         return None
     row = _instance_of(WorkflowRunPending, found[:width])
     trigger = None if found[width] is None else _instance_of(Event, found[width:])
+    if trigger is None and row.trigger_event_id is not None:
+        # The row may have been taken in the version a transaction that
+        # committed during the statement wrote (a debounced trigger moving
+        # the row to its new event): the lock returns that version, the
+        # join reads the statement's older snapshot. Read the event again.
+        trigger = Event.objects.filter(tenant_id=tenant_id, pk=row.trigger_event_id).first()
     return row, trigger
 
 

@@ -64,7 +64,6 @@ def settings_generation() -> int:
     return _settings_generation
 
 
-
 def engine() -> BaseDatabaseWrapper:
     """The engine's connection (this thread's, for :func:`alias`)."""
     return connections[alias()]
@@ -201,6 +200,20 @@ def listen(channel: str) -> Any:
     listener = psycopg.connect(**params, autocommit=True)
     listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
     return listener
+
+
+def lock_name(name: str) -> None:
+    """Hold a lock named ``name`` until the transaction ends (PostgreSQL; SQLite has one writer).
+
+    A transaction-scoped advisory lock: what serialises the triggers of one
+    gate (:mod:`kumiko_workflows.engine.gates`), so each decides on the
+    gate as the one before it left it. Nothing else waits for it.
+    """
+    conn = engine()
+    if conn.vendor != "postgresql":
+        return
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [name])
 
 
 #: The database's clock, as Django's ``Now()`` reads it (the statement's

@@ -23,6 +23,7 @@ from kumiko_workflows.workflow import event_types as et
 ENGINE_STREAMS = {
     et.RUN_AGGREGATE_TYPE: (frozenset(et.RUN_EVENTS), "workflow run events"),
     et.SCHEDULE_AGGREGATE_TYPE: (frozenset(et.SCHEDULE_EVENTS), "cron schedule events"),
+    et.GATE_AGGREGATE_TYPE: (frozenset(et.GATE_EVENTS), "workflow gate events"),
 }
 #: Streams only the engine writes.
 RESERVED_AGGREGATE_TYPES = frozenset(ENGINE_STREAMS)

@@ -21,7 +21,7 @@ from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store.events import append_engine_pair, append_event
 from kumiko_workflows.store.stream_ids import engine_stream
-from kumiko_workflows.workflow import event_types
+from kumiko_workflows.workflow import event_types, priorities
 
 logger = logging.getLogger("kumiko_workflows.runner")
 
@@ -73,6 +73,10 @@ def is_cleared(run_id: Any, version: int) -> bool:
     return hint is not None and hint[0] == run_id and hint[1] <= version <= hint[2]
 
 
+#: The events whose pending row's claim order depends on the run's priority.
+_RECORDS_PRIORITY = frozenset(
+    {*event_types.SUSPENSIONS, event_types.WAKE_REQUESTED, event_types.SLOT_OFFERED}
+)
 _CLEARS_PENDING = frozenset({event_types.RUN_STARTED, event_types.RESUMED, *event_types.TERMINAL})
 #: Events that leave a run's pending rows as they were (a slot or rate start taken at a claim).
 _KEEPS_PENDING = frozenset({event_types.SLOT_TAKEN, event_types.RATE_TAKEN})
@@ -91,6 +95,9 @@ class RunStream:
     #: False when every append happens inside an atomic block that is unwound
     #: on any error (the resume row's, the inline start's): no savepoint each.
     savepoint: bool = True
+    #: The run's priority: every suspension and wake-up appended records it
+    #: (and its head start), so the pending row's claim order is in the stream.
+    priority: int = 0
     #: Whether this object's last append left the run without pending rows.
     _no_pending: bool = field(default=False, init=False, repr=False)
     #: An event to append with the next one (:meth:`hold`).
@@ -110,6 +117,7 @@ class RunStream:
             row.run_version,
             row.definition_fingerprint,
             row.trigger_event_id,
+            priority=row.priority or 0,
         )
         stream._no_pending = deleted and not row.wait_event_type
         return stream
@@ -131,6 +139,8 @@ class RunStream:
         self._held = (type, payload)
 
     def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
+        if self.priority and type in _RECORDS_PRIORITY:
+            payload = priorities.recorded(payload, self.priority)
         held, self._held = self._held, None
         count = 2 if held is not None else 1
         hint = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from django.apps import apps
@@ -64,8 +64,9 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    # No claim priorities yet: a task's priority is kept on its run, not obeyed.
-    supports_priority = False
+    # A task's priority (-100..100) is its run's: a bounded head start on the
+    # due time among due work (docs/howto/priorities.md).
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -99,20 +100,12 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
         return merged
 
     def validate_task(self, task: Any) -> None:
-        if task.priority != compat.DEFAULT_TASK_PRIORITY:
-            # Kept on the run (its enqueue event) for claim priorities to come;
-            # the framework refuses a priority where supports_priority is False.
-            priority = task.priority
-            if (
-                isinstance(priority, bool)
-                or not isinstance(priority, int)
-                or not compat.TASK_MIN_PRIORITY <= priority <= compat.TASK_MAX_PRIORITY
-            ):
-                raise compat.InvalidTask(
-                    f"priority must be a whole number between {compat.TASK_MIN_PRIORITY} "
-                    f"and {compat.TASK_MAX_PRIORITY}."
-                )
-            task = replace(task, priority=compat.DEFAULT_TASK_PRIORITY)
+        # The framework checks the range; a bool (an int to Python) is no priority.
+        if isinstance(task.priority, bool) or not isinstance(task.priority, int):
+            raise compat.InvalidTask(
+                f"priority must be a whole number between {compat.TASK_MIN_PRIORITY} "
+                f"and {compat.TASK_MAX_PRIORITY}."
+            )
         super().validate_task(task)
         if len(task.queue_name) > MAX_QUEUE_NAME:
             raise compat.InvalidTask(f"queue name longer than {MAX_QUEUE_NAME} characters")

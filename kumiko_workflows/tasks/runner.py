@@ -63,6 +63,11 @@ def _task_key(event: Event) -> str:
     return str(event.aggregate_id)
 
 
+def _task_priority(event: Event) -> int:
+    # Django's scale (-100..100, 0 the default) is the engine's own.
+    return int(event.payload.get("priority") or 0)
+
+
 def _task_path(event: Event) -> str:
     return str(event.payload["task"])[:200]
 
@@ -107,6 +112,7 @@ def ensure_queue_workflows(queues: Sequence[str]) -> None:
                 trigger=on_event(event_type(queue)),
                 idempotency_key=_task_key,
                 search_key=_task_path,
+                priority=_task_priority,
                 start="worker",
                 steps=[
                     steps.branch(if_=_deferred, then=[steps.wait(_run_after)]),

@@ -19,6 +19,7 @@ from kumiko_workflows.exceptions import (
     WorkflowDefinitionError,
 )
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow import priorities
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.fingerprints import _hash
 from kumiko_workflows.workflow.limits import Limit, Rate
@@ -49,6 +50,8 @@ MAX_VERSION = 2**31 - 1
 #: Where a triggered run's first steps run: in the appending transaction, or
 #: in a worker right after it commits.
 START_MODES = ("inline", "worker")
+#: What a ``singleton=`` workflow does with a trigger while a run of its key is active.
+SINGLETON_MODES = ("skip", "queue")
 
 
 class Workflow:
@@ -68,6 +71,8 @@ class Workflow:
         search_key: Callable[[Any], Any] | None = None,
         concurrency: Limit | None = None,
         rate: Rate | None = None,
+        priority: priorities.Priority = None,
+        singleton: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -102,6 +107,33 @@ class Workflow:
             )
         #: "worker": a trigger queues the run; a worker runs its steps.
         self.start = start
+        wrong = priorities.definition_problem(priority)
+        if wrong:
+            raise WorkflowDefinitionError(
+                f"[kumiko_workflows.E115] workflow {name!r}: priority: {wrong}"
+            )
+        #: The runs' priority (a number, or a callable of the trigger event); a
+        #: trigger's own wins. Not in the fingerprint: it changes no step.
+        self.priority = priority
+        if singleton is not None and singleton not in SINGLETON_MODES:
+            raise WorkflowDefinitionError(
+                f"[kumiko_workflows.E118] workflow {name!r}: singleton must be one of "
+                f"{', '.join(map(repr, SINGLETON_MODES))} or None, got {singleton!r}"
+            )
+        if singleton is not None and not isinstance(trigger, EventTrigger):
+            raise WorkflowDefinitionError(
+                f"[kumiko_workflows.E118] workflow {name!r}: singleton= needs an on_event "
+                "trigger (a cron workflow's runs are keyed by their slot)"
+            )
+        if singleton is not None and getattr(trigger, "debounce", None) is not None:
+            raise WorkflowDefinitionError(
+                f"[kumiko_workflows.E119] workflow {name!r}: a debounced trigger opens one run "
+                "per key at a time already; give debounce= or singleton=, not both"
+            )
+        #: "skip" or "queue": a trigger while a run of its key is active is
+        #: skipped, or its run waits until that run ends (engine/gates).
+        #: Like ``debounce``, not in the fingerprint: it decides starts only.
+        self.singleton = singleton
         awaits = dict(awaits or {})
         for key, event_type in awaits.items():
             if not isinstance(key, str) or not isinstance(event_type, str) or not event_type:
@@ -289,6 +321,8 @@ def define_workflow(
     search_key: Callable[[Any], Any] | None = None,
     concurrency: Limit | None = None,
     rate: Rate | None = None,
+    priority: priorities.Priority = None,
+    singleton: str | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name`` and ``version``.
@@ -310,7 +344,13 @@ def define_workflow(
     ``concurrency=Limit(max=2, key=fn, holds="active")`` caps the runs that
     hold a slot at once per key, and ``rate=Rate(max=10, per=60, key=fn)``
     the segment starts per period (see :mod:`kumiko_workflows.workflow.limits`);
-    a workflow with either starts its runs in a worker. Pass ``register=False``
+    a workflow with either starts its runs in a worker. ``priority`` (-100 to
+    100, or a callable of the trigger event) orders its runs among due
+    work with a bounded head start (docs/howto/priorities.md).
+    ``singleton="skip"`` or ``"queue"``: while a run of a key (the
+    ``idempotency_key``; None: the workflow's one key) is active, a new
+    trigger of the key is skipped, or its run waits until the active one
+    ends. Pass ``register=False``
     to build a definition without registering it (for
     :meth:`WorkflowRegistry.override`).
     """
@@ -327,6 +367,8 @@ def define_workflow(
         search_key=search_key,
         concurrency=concurrency,
         rate=rate,
+        priority=priority,
+        singleton=singleton,
     )
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:

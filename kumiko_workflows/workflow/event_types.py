@@ -7,6 +7,9 @@ payload of a trigger or awaited event: they reference events by id.
 
 RUN_AGGREGATE_TYPE = "workflow-run"
 SCHEDULE_AGGREGATE_TYPE = "workflow-schedule"
+#: One stream per (tenant, workflow, key) of a debounced or singleton workflow:
+#: which run of the key is open (debouncing, or active) and which wait behind it.
+GATE_AGGREGATE_TYPE = "workflow-gate"
 
 RUN_STARTED = "workflow.run-started"
 WAITING = "workflow.step.waiting"
@@ -50,6 +53,22 @@ SCHEDULE_RESUMED = "workflow.schedule.resumed"
 #: Someone fired a schedule outside its slots; that run uses this event as its trigger.
 SCHEDULE_FIRED_NOW = "workflow.schedule.fired-now"
 
+#: A trigger event of a debounced workflow (``on_event(debounce=...)``) opened
+#: a burst, or made the burst's run start later, with this event: the run
+#: waits to start at step 0 with the burst's last event as its trigger.
+RUN_DEBOUNCED = "workflow.run-debounced"
+#: A run of a ``singleton="queue"`` workflow waits until the run of its key
+#: before it ends (then the gate wakes it).
+RUN_HELD = "workflow.run-held"
+
+#: The gate's events; each payload holds the gate's whole state after it
+#: (``active``: the open run or None, ``queue``: runs waiting behind it).
+GATE_OPENED = "workflow.gate.opened"
+GATE_QUEUED = "workflow.gate.queued"
+GATE_SKIPPED = "workflow.gate.skipped"
+GATE_RELEASED = "workflow.gate.released"
+GATE_EVENTS = (GATE_OPENED, GATE_QUEUED, GATE_SKIPPED, GATE_RELEASED)
+
 SCHEDULE_EVENTS = (
     SCHEDULE_STARTED,
     SCHEDULE_SLOT_FIRED,
@@ -65,6 +84,8 @@ SUSPENSIONS = (
     RUN_QUEUED,
     SLOT_WAITING,
     RATE_WAITING,
+    RUN_DEBOUNCED,
+    RUN_HELD,
 )
 TERMINAL = (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
 RUN_EVENTS = (
@@ -86,4 +107,6 @@ RUN_EVENTS = (
     SLOT_OFFERED,
     RATE_TAKEN,
     RATE_WAITING,
+    RUN_DEBOUNCED,
+    RUN_HELD,
 )

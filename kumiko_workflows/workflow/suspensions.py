@@ -336,7 +336,79 @@ RATE = Record(
     by_step=False,
 )
 
-RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, SLOT, RATE)
+
+def _debounced(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    # The burst's latest event is the run's trigger from here on.
+    return {
+        "wake_at": _instant(payload["wake_at"]),
+        "trigger_event_id": payload["trigger_event_id"],
+    }
+
+
+def _debounced_facts(row: Any, tell: Teller) -> Facts:
+    latest = tell.latest(et.RUN_DEBOUNCED) or {}
+    return [
+        (
+            "Debounced",
+            f"starts at {tell.when(row.wake_at)} with event #{row.trigger_event_id}, the latest "
+            f"of its key's burst ({latest.get('events', 1)} so far), unless another comes "
+            f"first; at the latest at {tell.when(_instant(latest.get('deadline')))}",
+        )
+    ]
+
+
+def _held_facts(row: Any, tell: Teller) -> Facts:
+    held = tell.latest(et.RUN_HELD) or {}
+    return [
+        (
+            "Queued",
+            f"behind the active run of key {held.get('key', '?')!r} (singleton): starts when "
+            "the runs of its key before it have ended",
+        )
+    ]
+
+
+def gated_text(type: str, payload: dict[str, Any], when: Callable[[Any], str]) -> str:
+    """A debounced or held run event in words (the run's timeline)."""
+    get = payload.get
+    if type == et.RUN_DEBOUNCED:
+        return (
+            f"debounced: starts at {when(get('wake_at'))} with event "
+            f"#{get('trigger_event_id')} (event {get('events')} of its key's burst), unless "
+            f"another comes first; at the latest at {when(get('deadline'))}"
+        )
+    return (
+        f"queued behind run {get('behind')} of key {get('key')!r} (singleton): starts "
+        "when the runs of its key before it have ended"
+    )
+
+
+#: Not a step's: a run of a debounced trigger (``on_event(debounce=...)``),
+#: due when its key's burst of events has been quiet for the period.
+DEBOUNCED = Record(
+    et.RUN_DEBOUNCED,
+    "debounced",
+    pending=_debounced,
+    status=_debounced,
+    after=False,
+    attempt=_first_attempt,
+    facts=_debounced_facts,
+    by_step=False,
+)
+#: Not a step's: a run of a ``singleton="queue"`` workflow behind the active
+#: run of its key; never due until the gate wakes it.
+HELD = Record(
+    et.RUN_HELD,
+    "held",
+    pending=lambda payload, at: {"wake_at": None},
+    status=lambda payload, at: {"wake_at": None},
+    after=False,
+    attempt=_first_attempt,
+    facts=_held_facts,
+    by_step=False,
+)
+
+RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, SLOT, RATE, DEBOUNCED, HELD)
 _BY_EVENT = {record.event_type: record for record in RECORDS}
 _BY_TYPE = {record.suspension_type: record for record in RECORDS}
 

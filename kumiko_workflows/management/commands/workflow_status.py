@@ -198,6 +198,12 @@ class Command(BaseCommand):
             self.style.MIGRATE_HEADING("Pending")
             + f"  {pending['total']} suspended step(s), {pending['due']} due now"
         )
+        gated = pending["gated"]
+        if any(gated.values()):
+            self.stdout.write(
+                f"  debounced starts waiting for their burst to end: {gated['debounced']}; "
+                f"runs queued behind their key's active run (singleton): {gated['held']}"
+            )
         oldest = pending["oldest_due"]
         if oldest is None:
             self.stdout.write("  nothing is due")
