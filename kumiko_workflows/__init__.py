@@ -20,6 +20,7 @@ _EXPORTS = {
     "define_workflow": "kumiko_workflows.workflow.definition",
     "on_event": "kumiko_workflows.workflow.definition",
     "on_cron": "kumiko_workflows.workflow.definition",
+    "on_call": "kumiko_workflows.workflow.definition",
     "run_id_for": "kumiko_workflows.workflow.definition",
     "steps": "kumiko_workflows.steps",
     "match": "kumiko_workflows.match",
@@ -95,6 +96,7 @@ __all__ = [
     "load_stream",
     "match",
     "migrate_workflow_runs",
+    "on_call",
     "on_cron",
     "on_event",
     "pause_schedule",
@@ -152,7 +154,13 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowError,
     )
     from kumiko_workflows.store.events import append_event, load_stream, stream_id_for
-    from kumiko_workflows.workflow.definition import define_workflow, on_cron, on_event, run_id_for
+    from kumiko_workflows.workflow.definition import (
+        define_workflow,
+        on_call,
+        on_cron,
+        on_event,
+        run_id_for,
+    )
 
 
 def __getattr__(name: str) -> Any:

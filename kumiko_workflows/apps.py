@@ -13,7 +13,9 @@ class KumikoWorkflowsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from kumiko_workflows import checks  # noqa: F401 - registers the system checks
+        from kumiko_workflows import event_types as et
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
+            children,
             deploys,
             purged_runs,
             segment,
@@ -21,6 +23,7 @@ class KumikoWorkflowsConfig(AppConfig):
             wakeups,
         )
         from kumiko_workflows.models import Event
+        from kumiko_workflows.projections import children as children_projection
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
         from kumiko_workflows.workflow.definition import registry as workflows
@@ -43,7 +46,24 @@ class KumikoWorkflowsConfig(AppConfig):
                 order=20,
                 builtin=True,
             )
+            projections.register(
+                "kumiko_workflows.children",
+                children_projection.HANDLED,
+                children_projection.project_children,
+                order=25,
+                builtin=True,
+            )
             # The reactions append run events: a replay replays those, not them.
+            projections.register(
+                "kumiko_workflows.fan_in",
+                frozenset(et.TERMINAL),
+                lambda event, replaying: children.on_child_finished(
+                    event, replaying, segment.start_run
+                ),
+                order=35,
+                replay=False,
+                builtin=True,
+            )
             projections.register(
                 "kumiko_workflows.wakeup",
                 workflows.is_awaited,

@@ -7,6 +7,8 @@ payload of a trigger or awaited event: they reference events by id.
 
 RUN_AGGREGATE_TYPE = "workflow-run"
 SCHEDULE_AGGREGATE_TYPE = "workflow-schedule"
+#: The stream of one child run's start request: its trigger (``call_workflow``, ``fan_out``).
+CALL_AGGREGATE_TYPE = "workflow-call"
 
 RUN_STARTED = "workflow.run-started"
 WAITING = "workflow.step.waiting"
@@ -25,6 +27,15 @@ RUN_QUEUED = "workflow.run-queued"
 #: Someone moved a suspended run to another version of its workflow
 #: (``migrate_workflow_runs``): it resumes there, at the step the new version maps.
 RUN_MIGRATED = "workflow.run-migrated"
+#: A step started child runs (``call_workflow``, ``fan_out``) and waits until they finish.
+WAITING_FOR_CHILDREN = "workflow.step.waiting-for-children"
+#: A run failed (or was cancelled with ``compensate=True``) after steps with a
+#: compensation finished: the compensations run next, in reverse order.
+COMPENSATION_SCHEDULED = "workflow.compensation.scheduled"
+#: One finished step's compensation ran (at most once per step).
+STEP_COMPENSATED = "workflow.step.compensated"
+#: The trigger of a child run: the parent's request, its payload the child's input.
+CALL_REQUESTED = "workflow.call-requested"
 #: A cron schedule was first seen by a scheduler pass; slots before it never fire.
 SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
@@ -43,7 +54,16 @@ SCHEDULE_EVENTS = (
     SCHEDULE_RESUMED,
     SCHEDULE_FIRED_NOW,
 )
-SUSPENSIONS = (WAITING, WAITING_FOR_EVENT, RETRY_SCHEDULED, RERUN_REQUESTED, RUN_QUEUED)
+CALL_EVENTS = (CALL_REQUESTED,)
+SUSPENSIONS = (
+    WAITING,
+    WAITING_FOR_EVENT,
+    RETRY_SCHEDULED,
+    RERUN_REQUESTED,
+    RUN_QUEUED,
+    WAITING_FOR_CHILDREN,
+    COMPENSATION_SCHEDULED,
+)
 TERMINAL = (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
 RUN_EVENTS = (
     RUN_STARTED,
@@ -58,4 +78,7 @@ RUN_EVENTS = (
     RERUN_REQUESTED,
     RUN_QUEUED,
     RUN_MIGRATED,
+    WAITING_FOR_CHILDREN,
+    COMPENSATION_SCHEDULED,
+    STEP_COMPENSATED,
 )

@@ -81,6 +81,7 @@ class Execution(Protocol):
 
     ctx: Any
     now: datetime
+
     @property
     def awaits(self) -> Mapping[str, str]:
         """The workflow's awaits keys and their event types."""
@@ -100,12 +101,35 @@ class Execution(Protocol):
     def run_steps(self, steps: Sequence[Step], prefix: Path) -> None:
         """Run a nested step list (an arm) whose positions start with ``prefix``."""
 
-    def attempt(self, steps: Sequence[Step], prefix: Path, attempt: int) -> Any:
+    def run_steps_from(self, steps: Sequence[Step], prefix: Path, cursor: Any) -> None:
+        """Continue a nested step list at ``cursor`` (a resume inside an arm)."""
+
+    def attempt(self, steps: Sequence[Step], prefix: Path, attempt: int, cursor: Any = None) -> Any:
         """Run ``steps`` as one attempt whose writes roll back if it fails.
 
         Returns None on success, else the failure (an exception with
-        ``reason``, ``step``, ``error_class``, ``detail`` and ``exc``).
+        ``reason``, ``step``, ``error_class``, ``detail`` and ``exc``). A
+        suspension inside the attempt (a child run's wait) keeps its writes.
+        ``cursor``: continue the attempt there (its resume).
         """
+
+    def attempt_in_progress(self, path: Path) -> int:
+        """The attempt of the retry at ``path`` a resume inside its body continues."""
+
+    def children(self, path: Path, spec: ChildSpec) -> list[dict[str, Any]]:
+        """The outcome of each child run of the step at ``path``, in item order.
+
+        Starts them the first time (``spec.inputs()`` gives their inputs) and
+        suspends the run (raises :class:`Suspend`) until the last finishes.
+        Each outcome: ``run_id``, ``status`` (completed, failed, cancelled),
+        ``result`` (completed) or ``reason``, ``step``, ``error_class``.
+        """
+
+    def child_failed(self, path: Path, outcome: dict[str, Any], index: int | None) -> Exception:
+        """The failure of the step at ``path`` whose child (``index`` of a fan-out) failed."""
+
+    def compensable(self, path: Path) -> None:
+        """The step at ``path``, which has a compensation, finished (undone if the run fails)."""
 
     def resumed_attempt(self, path: Path) -> int:
         """The attempt to run at ``path``: the one a resume starts at, else 1."""
@@ -129,6 +153,19 @@ class Execution(Protocol):
         """Tell the engine the run is about to wait for an event (before it suspends)."""
 
 
+@dataclass(frozen=True)
+class ChildSpec:
+    """What a step that starts child runs asks of the engine (:meth:`Execution.children`)."""
+
+    workflow: str
+    #: The children's inputs (each the payload of one child's trigger), called once.
+    inputs: Callable[[], list[dict[str, Any]]]
+    max_concurrency: int | None = None
+    on_child_failure: str = "fail"
+    on_cancel: str = "cancel"
+    timeout: Any = None
+
+
 class Step:
     """A step kind. Subclasses own their whole behaviour.
 
@@ -149,6 +186,8 @@ class Step:
     resumes_from: tuple[str, ...] = ()
     #: Names of the arguments that may be callables taking ``ctx``.
     callable_args: tuple[str, ...] = ()
+    #: Whether it may suspend inside a retry body (a child run's wait may; a timed wait may not).
+    suspends_in_retry: bool = False
 
     def arms(self) -> dict[str, tuple[Step, ...]]:
         """Nested step lists, by arm name (a position's text names them, as in ``2.then.0``)."""
@@ -179,6 +218,10 @@ class Step:
     def run(self, execution: Execution, path: Path) -> None:
         raise NotImplementedError
 
+    def resume_in(self, execution: Execution, path: Path, arm: str, cursor: Any) -> None:
+        """Continue a resumed run inside its arm ``arm`` at ``cursor``: by default, just there."""
+        execution.run_steps_from(self.arms()[arm], (*path, arm), cursor)
+
 
 def _time_problem(where: str, arg: str, value: Any) -> Iterator[Problem]:
     try:
@@ -198,11 +241,23 @@ def _wake_time(execution: Execution, path: Path, name: str, value: Any) -> datet
 class Compute(Step):
     name: str
     fn: Callable[[Any], Any]
+    #: ``undo(ctx)``: run, once, if the run fails after this step finished.
+    compensate: Callable[[Any], Any] | None = None
+    #: Attempts of the compensation (backoff exponential from RETRY_BASE_DELAY).
+    compensate_times: int = 3
     kind = "compute"
     callable_args = ("fn",)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "fn": callable_name(self.fn)}
+        described: dict[str, Any] = {
+            "kind": self.kind,
+            "name": self.name,
+            "fn": callable_name(self.fn),
+        }
+        if self.compensate is not None:  # absent otherwise: existing fingerprints stay
+            described["compensate"] = callable_name(self.compensate)
+            described["compensate_times"] = self.compensate_times
+        return described
 
     def label(self) -> str:
         return f"compute {self.name!r}"
@@ -210,8 +265,15 @@ class Compute(Step):
     def result_name(self) -> str | None:
         return self.name
 
+    def callables(self) -> Iterator[tuple[str, Callable[..., Any]]]:
+        yield from super().callables()
+        if self.compensate is not None:
+            yield "compensate", self.compensate
+
     def run(self, execution: Execution, path: Path) -> None:
         execution.store(path, self.name, execution.call(path, self.fn))
+        if self.compensate is not None:
+            execution.compensable(path)
 
 
 @dataclass(frozen=True, eq=False)
@@ -378,7 +440,7 @@ class Retry(Step):
     def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
         where = f"step {path_text(path)} ({self.label()})"
         for inner_path, inner in iter_steps(self.do, (*path, "do")):
-            if inner.suspends:
+            if inner.suspends and not inner.suspends_in_retry:
                 yield (
                     "E003",
                     f"{where} contains the suspending step {path_text(inner_path)} "
@@ -408,7 +470,13 @@ class Retry(Step):
             yield "E013", f"{where} has an empty body", "Give retry(do=[...]) a step."
 
     def run(self, execution: Execution, path: Path) -> None:
-        attempt = execution.resumed_attempt(path)
+        self._attempt(execution, path, execution.resumed_attempt(path), None)
+
+    def resume_in(self, execution: Execution, path: Path, arm: str, cursor: Any) -> None:
+        # A child run's wait inside the body: the attempt it belongs to goes on.
+        self._attempt(execution, path, execution.attempt_in_progress(path), cursor)
+
+    def _attempt(self, execution: Execution, path: Path, attempt: int, cursor: Any) -> None:
         times = execution.arg(path, "times", self.times)
         backoff = execution.arg(path, "backoff", self.backoff)
         if _bad_times(times):
@@ -426,7 +494,7 @@ class Retry(Step):
             cap = None if cap_value is None else durations.as_delay(cap_value)
         except InvalidDuration as exc:
             raise execution.invalid(path, str(exc)) from None
-        failure = execution.attempt(self.do, (*path, "do"), attempt)
+        failure = execution.attempt(self.do, (*path, "do"), attempt, cursor)
         if failure is None:
             return
         given_up = failure.exc is not None and isinstance(failure.exc, self.give_up_on)
@@ -475,6 +543,137 @@ class Branch(Step):
         execution.run_steps(self.arms()[arm], (*path, arm))
 
 
+ON_CHILD_FAILURE = ("fail", "collect")
+ON_CANCEL = ("cancel", "abandon")
+
+
+def _envelope(outcome: dict[str, Any]) -> dict[str, Any]:
+    """A child's outcome as ``on_child_failure="collect"`` gives it: ok, and result or why not."""
+    if outcome["status"] == "completed":
+        return {"ok": True, "result": outcome.get("result"), "run_id": outcome["run_id"]}
+    return {"ok": False, **outcome}
+
+
+class _Children(Step):
+    """What ``call_workflow`` and ``fan_out`` share: child runs the step waits for."""
+
+    name: str
+    workflow: str
+    on_child_failure: str
+    on_cancel: str
+    timeout: Any
+    suspends = True
+    suspends_in_retry = True
+    resumes_from = ("children",)
+
+    def label(self) -> str:
+        return f"{self.kind} {self.name!r}"
+
+    def result_name(self) -> str | None:
+        return self.name
+
+    def _shared(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "workflow": self.workflow,
+            "on_child_failure": self.on_child_failure,
+            "on_cancel": self.on_cancel,
+            "timeout": describe_value(self.timeout),
+        }
+
+    def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
+        if self.timeout is not None and is_static(self.timeout):
+            yield from _time_problem(
+                f"step {path_text(path)} ({self.label()})", "timeout", self.timeout
+            )
+
+    def _spec(
+        self,
+        execution: Execution,
+        path: Path,
+        inputs: Callable[[], list[dict[str, Any]]],
+        max_concurrency: int | None = None,
+    ) -> ChildSpec:
+        timeout = execution.arg(path, "timeout", self.timeout)
+        if timeout is not None:
+            timeout = _wake_time(execution, path, "timeout", timeout).isoformat()
+        return ChildSpec(
+            self.workflow, inputs, max_concurrency, self.on_child_failure, self.on_cancel, timeout
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class CallWorkflow(_Children):
+    name: str
+    workflow: str
+    input: Any = None
+    timeout: Any = None
+    on_child_failure: str = "fail"
+    on_cancel: str = "cancel"
+    kind = "call_workflow"
+    callable_args = ("input", "timeout")
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._shared(), "input": describe_value(self.input)}
+
+    def run(self, execution: Execution, path: Path) -> None:
+        def inputs() -> list[dict[str, Any]]:
+            value = execution.arg(path, "input", self.input)
+            value = {} if value is None else value
+            if not isinstance(value, Mapping):
+                raise execution.invalid(
+                    path, f"input must give a JSON object (a dict), got {type(value).__name__}"
+                )
+            return [dict(value)]
+
+        [outcome] = execution.children(path, self._spec(execution, path, inputs))
+        if self.on_child_failure == "collect":
+            execution.store(path, self.name, _envelope(outcome))
+        elif outcome["status"] == "completed":
+            execution.store(path, self.name, outcome.get("result"))
+        else:
+            raise execution.child_failed(path, outcome, None)
+
+
+@dataclass(frozen=True, eq=False)
+class FanOut(_Children):
+    name: str
+    workflow: str
+    items: Any
+    max_concurrency: int | None = None
+    on_child_failure: str = "fail"
+    on_cancel: str = "cancel"
+    timeout: Any = None
+    kind = "fan_out"
+    callable_args = ("items", "timeout")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self._shared(),
+            "items": describe_value(self.items),
+            "max_concurrency": self.max_concurrency,
+        }
+
+    def run(self, execution: Execution, path: Path) -> None:
+        def inputs() -> list[dict[str, Any]]:
+            items = execution.arg(path, "items", self.items)
+            if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+                raise execution.invalid(path, f"items must give a list, got {type(items).__name__}")
+            return [{"item": item, "index": i} for i, item in enumerate(items)]
+
+        outcomes = execution.children(
+            path, self._spec(execution, path, inputs, self.max_concurrency)
+        )
+        if self.on_child_failure == "collect":
+            execution.store(path, self.name, [_envelope(o) for o in outcomes])
+            return
+        for index, outcome in enumerate(outcomes):
+            if outcome["status"] not in ("completed", "not_started"):
+                raise execution.child_failed(path, outcome, index)
+        execution.store(path, self.name, [o.get("result") for o in outcomes])
+
+
 def iter_steps(steps: Sequence[Step], prefix: Path = ()) -> Iterator[tuple[Path, Step]]:
     """Every step of a step list, nested ones included, with its position."""
     for i, step in enumerate(steps):
@@ -498,13 +697,134 @@ def _step_list(value: Any, what: str) -> tuple[Step, ...]:
     return tuple(value)
 
 
-def compute(name: str, fn: Callable[[Any], Any]) -> Compute:
-    """Run ``fn(ctx)``; its JSON-serialisable result becomes ``ctx.steps[name]``."""
+def _step_name(kind: str, name: Any) -> None:
     if not isinstance(name, str) or not name.strip():
-        raise WorkflowDefinitionError(f"compute() needs a non-empty name, got {name!r}")
+        raise WorkflowDefinitionError(f"{kind}() needs a non-empty name, got {name!r}")
+
+
+def compute(
+    name: str,
+    fn: Callable[[Any], Any],
+    compensate: Callable[[Any], Any] | None = None,
+    compensate_times: int = 3,
+) -> Compute:
+    """Run ``fn(ctx)``; its JSON-serialisable result becomes ``ctx.steps[name]``.
+
+    ``compensate`` (``undo(ctx)``) undoes the step if the run fails after it
+    finished: the finished steps' compensations run in reverse order, each
+    at most once, each tried up to ``compensate_times`` times (backoff
+    exponential from ``RETRY_BASE_DELAY``). See docs/howto/compensation.md.
+    """
+    _step_name("compute", name)
     if not callable(fn):
         raise WorkflowDefinitionError(f"compute({name!r}, fn): fn must be callable, got {fn!r}")
-    return Compute(name, fn)
+    if compensate is not None and not callable(compensate):
+        raise WorkflowDefinitionError(
+            f"compute({name!r}, compensate=...): give a callable undo(ctx), got {compensate!r}"
+        )
+    if _bad_times(compensate_times):
+        raise WorkflowDefinitionError(
+            f"compute({name!r}, compensate_times=...) must be an integer >= 1, "
+            f"got {compensate_times!r}"
+        )
+    return Compute(name, fn, compensate, compensate_times)
+
+
+def _workflow_name(kind: str, name: str, workflow: Any) -> str:
+    named = getattr(workflow, "name", workflow)
+    if not isinstance(named, str) or not named.strip():
+        raise WorkflowDefinitionError(
+            f"{kind}({name!r}, workflow=...) needs a workflow (its definition or its name), "
+            f"got {workflow!r}"
+        )
+    return named
+
+
+def _policies(kind: str, name: str, on_child_failure: Any, on_cancel: Any) -> None:
+    if on_child_failure not in ON_CHILD_FAILURE:
+        raise WorkflowDefinitionError(
+            f"{kind}({name!r}): on_child_failure must be 'fail' or 'collect', "
+            f"got {on_child_failure!r}"
+        )
+    if on_cancel not in ON_CANCEL:
+        raise WorkflowDefinitionError(
+            f"{kind}({name!r}): on_cancel must be 'cancel' or 'abandon', got {on_cancel!r}"
+        )
+
+
+def call_workflow(
+    name: str,
+    workflow: Any,
+    input: Any = None,
+    timeout: Any = None,
+    *,
+    on_child_failure: str = "fail",
+    on_cancel: str = "cancel",
+) -> CallWorkflow:
+    """Start a child run of ``workflow`` and wait until it finishes.
+
+    ``input`` (a dict, or ``callable(ctx)`` giving one) is the payload of the
+    child's trigger (``ctx.event.payload`` in the child). ``ctx.steps[name]``
+    is the child's result (its workflow's ``returns``); a child that fails
+    or is cancelled fails this step (``child_failed``), which a ``retry``
+    around it tries again with a fresh child. ``on_child_failure="collect"``
+    stores ``{"ok": ..., "result" | "reason": ...}`` instead. ``timeout``
+    fails the step (``child_timeout``) and cancels the child. Cancelling
+    this run cancels the child unless ``on_cancel="abandon"``.
+    """
+    _step_name("call_workflow", name)
+    named = _workflow_name("call_workflow", name, workflow)
+    _policies("call_workflow", name, on_child_failure, on_cancel)
+    if input is not None and not callable(input) and not isinstance(input, Mapping):
+        raise WorkflowDefinitionError(
+            f"call_workflow({name!r}, input=...) must be a dict or a callable(ctx), got {input!r}"
+        )
+    return CallWorkflow(name, named, input, timeout, on_child_failure, on_cancel)
+
+
+def fan_out(
+    name: str,
+    workflow: Any,
+    items: Any,
+    max_concurrency: int | None = None,
+    on_child_failure: str = "fail",
+    *,
+    on_cancel: str = "cancel",
+    timeout: Any = None,
+) -> FanOut:
+    """Start one child run of ``workflow`` per item and wait until they have all finished.
+
+    ``items`` is a list or ``callable(ctx)`` giving one; child ``i`` gets
+    ``{"item": items[i], "index": i}`` as its trigger's payload. At most
+    ``max_concurrency`` children run at once (the rest start as earlier ones
+    finish). ``ctx.steps[name]`` is the list of the children's results in
+    item order. ``on_child_failure="fail"`` fails the step when a child
+    fails (no further child starts); ``"collect"`` gives each child's
+    ``{"ok": True, "result": ...}`` or ``{"ok": False, "reason": ...}``.
+    """
+    _step_name("fan_out", name)
+    named = _workflow_name("fan_out", name, workflow)
+    _policies("fan_out", name, on_child_failure, on_cancel)
+    if max_concurrency is not None and _bad_times(max_concurrency):
+        raise WorkflowDefinitionError(
+            f"fan_out({name!r}): max_concurrency must be an integer >= 1 or None, "
+            f"got {max_concurrency!r}"
+        )
+    if not callable(items) and (
+        isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence)
+    ):
+        raise WorkflowDefinitionError(
+            f"fan_out({name!r}, items=...) must be a list or a callable(ctx), got {items!r}"
+        )
+    return FanOut(
+        name,
+        named,
+        items if callable(items) else tuple(items),
+        max_concurrency,
+        on_child_failure,
+        on_cancel,
+        timeout,
+    )
 
 
 def wait(for_: Any) -> Wait:
@@ -567,15 +887,20 @@ def branch(if_: Any, then: Sequence[Step] = (), else_: Sequence[Step] = ()) -> B
 __all__ = [
     "BACKOFFS",
     "Branch",
+    "CallWorkflow",
+    "ChildSpec",
     "Compute",
     "Execution",
+    "FanOut",
     "Retry",
     "Step",
     "Suspend",
     "Wait",
     "WaitForEvent",
     "branch",
+    "call_workflow",
     "compute",
+    "fan_out",
     "retry",
     "wait",
     "wait_for_event",

@@ -12,6 +12,7 @@ resume) still commits. Raw error text goes to the log and to the mutable
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,17 +23,18 @@ from datetime import datetime
 from typing import Any
 
 from kumiko_workflows import event_types, telemetry
-from kumiko_workflows.engine import wakeups
+from kumiko_workflows.engine import children, compensation, wakeups
 from kumiko_workflows.exceptions import (
     InvalidEvent,
     StreamMoved,
     VersionConflict,
 )
 from kumiko_workflows.models import Event
-from kumiko_workflows.steps import Step, Suspend, path_text
+from kumiko_workflows.steps import ChildSpec, Step, Suspend, path_text
 from kumiko_workflows.store import db
 from kumiko_workflows.store.events import append_event
 from kumiko_workflows.store.streams import (
+    CHILD_FAILED,
     FILTER_FAILED,
     IDEMPOTENCY_KEY_FAILED,
     INTERNAL_ERROR,
@@ -75,6 +77,9 @@ class RunContext:
         steps: dict[str, Any] | None = None,
         awaited: dict[str, int | None] | None = None,
         now: datetime | None,
+        parent: dict[str, Any] | None = None,
+        attempts: dict[str, int] | None = None,
+        compensable: list[str] | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow_name = workflow_name
@@ -84,6 +89,12 @@ class RunContext:
         self.awaited: dict[str, int | None] = awaited if awaited is not None else {}
         self.retry_attempt = 1
         self.now = now
+        #: A child run's parent: {"run_id", "group", "index"} (None for other runs).
+        self.parent = parent
+        #: The attempt of each retry whose body the run is inside, by its position.
+        self.attempts: dict[str, int] = dict(attempts or {})
+        #: Positions of the finished steps with a compensation, in the order they finished.
+        self.compensable: list[str] = list(compensable or [])
 
     def __repr__(self) -> str:
         return f"<RunContext {self.workflow_name} {self.run_id}>"
@@ -106,7 +117,15 @@ class RunContext:
     def snapshot(self) -> dict[str, Any]:
         """Step results for a suspension event: awaited events by reference only."""
         results = {k: v for k, v in self.steps.items() if k not in self.awaited}
-        return telemetry.carry({"results": results, "awaited": dict(self.awaited)})
+        state: dict[str, Any] = {"results": results, "awaited": dict(self.awaited)}
+        # Only when there is something to keep: older snapshots read the same.
+        if self.parent is not None:
+            state["parent"] = self.parent
+        if self.attempts:
+            state["attempts"] = dict(self.attempts)
+        if self.compensable:
+            state["compensable"] = list(self.compensable)
+        return telemetry.carry(state)
 
 
 @dataclass
@@ -145,17 +164,26 @@ class Executor:
             start = cursor.path[0]
             rest = cursor.path[1:]
             if rest:
-                arm = rest[0]
-                self._run_list(
-                    steps[start].arms()[arm],
-                    (*prefix, start, arm),
-                    Cursor(rest[1:], cursor.after, cursor.attempt),
+                self._descend(
+                    steps, prefix, start, rest[0], Cursor(rest[1:], cursor.after, cursor.attempt)
                 )
                 start += 1
             elif cursor.after:
                 start += 1
         for index in range(start, len(steps)):
-            telemetry.run_step(self, steps[index], (*prefix, index))
+            step = steps[index]
+            if self.workflow.compensates and not step.arms():
+                # Each step keeps its writes when a later one fails: the
+                # compensations undo them, so they must not vanish first.
+                kept(functools.partial(telemetry.run_step, self, step, (*prefix, index)))
+            else:
+                telemetry.run_step(self, step, (*prefix, index))
+
+    def _descend(
+        self, steps: Sequence[Step], prefix: tuple[Any, ...], start: int, arm: str, cursor: Cursor
+    ) -> None:
+        step = steps[start]
+        step.resume_in(self, (*prefix, start), arm, cursor)
 
     # -- the Execution a step runs with ------------------------------------------
 
@@ -203,6 +231,32 @@ class Executor:
     def run_steps(self, steps: Sequence[Step], prefix: tuple[Any, ...]) -> None:
         self._run_list(steps, prefix, None)
 
+    def run_steps_from(self, steps: Sequence[Step], prefix: tuple[Any, ...], cursor: Any) -> None:
+        self._run_list(steps, prefix, cursor)
+
+    def attempt_in_progress(self, path: tuple[Any, ...]) -> int:
+        return int(self.ctx.attempts.get(path_text(path), 1))
+
+    def children(self, path: tuple[Any, ...], spec: ChildSpec) -> list[dict[str, Any]]:
+        return children.run_children(self, path, spec, start_run)
+
+    def child_failed(
+        self, path: tuple[Any, ...], outcome: dict[str, Any], index: int | None
+    ) -> Exception:
+        which = "its child run" if index is None else f"child run {index}"
+        status = outcome["status"]
+        why = f" ({outcome['reason']})" if outcome.get("reason") else ""
+        return Failure(
+            str(outcome.get("reason")) if status == "timed_out" else CHILD_FAILED,
+            path_text(path),
+            f"{self._label(path)}: {which} {status}{why}",
+            error_class=outcome.get("error_class") or "",
+            detail=f"{self._label(path)}: {which} {outcome['run_id']} {status}{why}",
+        )
+
+    def compensable(self, path: tuple[Any, ...]) -> None:
+        self.ctx.compensable.append(path_text(path))
+
     def resumed_attempt(self, path: tuple[Any, ...]) -> int:
         if self._resume_attempt is not None and self._resume_attempt[0] == path:
             attempt = self._resume_attempt[1]
@@ -210,17 +264,28 @@ class Executor:
             return attempt
         return 1
 
-    def attempt(self, steps: Sequence[Step], prefix: tuple[Any, ...], attempt: int) -> Any:
+    def attempt(
+        self, steps: Sequence[Step], prefix: tuple[Any, ...], attempt: int, cursor: Any = None
+    ) -> Any:
         saved_steps, saved_awaited = dict(self.ctx.steps), dict(self.ctx.awaited)
+        saved_compensable = list(self.ctx.compensable)
+        retry = path_text(prefix[:-1])
         self.ctx.retry_attempt = attempt
+        self.ctx.attempts[retry] = attempt
+        suspended = False
         try:
-            with db.atomic():
-                self._run_list(steps, prefix, None)
+            kept(lambda: self._run_list(steps, prefix, cursor))
+        except Suspend:
+            suspended = True  # a child run's wait: the attempt goes on at its resume
+            raise
         except Failure as failure:
             self.ctx.steps, self.ctx.awaited = saved_steps, saved_awaited
+            self.ctx.compensable = saved_compensable
             return failure
         finally:
             self.ctx.retry_attempt = 1
+            if not suspended:
+                self.ctx.attempts.pop(retry, None)
         return None
 
     def retried(
@@ -268,6 +333,18 @@ class Executor:
 
     def suspending_on_event(self) -> None:
         wakeups.suspended_on_event(self.ctx.tenant_id, self.ctx.run_id)
+
+
+def kept(body: Callable[[], None]) -> None:
+    """Run ``body`` in a savepoint: rolled back if it raises, kept if it suspends the run."""
+    suspension: Suspend | None = None
+    with db.atomic():
+        try:
+            body()
+        except Suspend as suspended:
+            suspension = suspended
+    if suspension is not None:
+        raise suspension
 
 
 class LazySavepoint:
@@ -363,6 +440,12 @@ def run_segment(
                 _suspend(workflow, stream, ctx, suspension)
                 outcome = "suspended"
     except Failure as failure:
+        if workflow.compensates and ctx.compensable:
+            # Each step kept its writes (the failing one's rolled back alone):
+            # the finished steps' compensations undo them, next, in a worker.
+            savepoint.end(None)
+            compensation.schedule(stream, workflow, ctx, failure)
+            return "suspended"
         savepoint.end(failure)
         fail_run(stream, failure, state=start_state, retry_from=retry_from)
         return "failed"
@@ -394,10 +477,32 @@ def _complete(workflow: Workflow, stream: RunStream, ctx: RunContext) -> None:
         "step_count": len(workflow.steps),
         "state": ctx.snapshot(),
     }
+    if ctx.parent is not None:
+        # What the parent's call_workflow or fan_out step receives.
+        payload["result"] = result_of(workflow, ctx)
     try:
         stream.append(event_types.RUN_COMPLETED, payload)
     except InvalidEvent:
         stream.append(event_types.RUN_COMPLETED, {**payload, "state": None})
+
+
+def result_of(workflow: Workflow, ctx: RunContext) -> Any:
+    """What a run returns to its parent: ``returns`` (a result name or a callable), else
+    the result of its last top-level step (None if that stores none)."""
+    returns = workflow.returns
+    if callable(returns):
+        try:
+            value = returns(ctx)
+        except Exception as exc:
+            raise raised(STEP_FAILED, "", "its returns callable raised", exc) from exc
+        try:
+            return to_json(value, "returns")
+        except NotJSON as exc:
+            raise Failure(
+                INVALID_STEP_RESULT, "", "its returns value is not JSON", detail=str(exc)
+            ) from None
+    name = returns if isinstance(returns, str) else workflow.steps[-1].result_name()
+    return None if name is None else ctx.steps.get(name)
 
 
 def _suspend(workflow: Workflow, stream: RunStream, ctx: RunContext, suspension: Suspend) -> None:
@@ -519,26 +624,40 @@ def search_key_of(workflow: Workflow, event: Event) -> str:
 
 
 @telemetry.traced_start
-def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) -> uuid.UUID | None:
+def start_run(
+    workflow: Workflow,
+    event: Event,
+    *,
+    now: datetime | None = None,
+    key: str | None = None,
+    parent: dict[str, Any] | None = None,
+) -> uuid.UUID | None:
     """Start one run of ``workflow`` for ``event``: run it inline until it suspends, or queue it.
 
     A workflow defined with ``start="worker"`` (or a trigger appended inside
     :func:`start_in_worker`) is queued: ``workflow.run-queued`` makes it due
     at its first step at once, for a worker.
 
+    A child run (``call_workflow``, ``fan_out``) is started with its ``key``
+    (derived from its parent's run and step) and its ``parent``
+    ({"run_id", "group", "index"}), recorded in its ``run-started``.
+
     Returns the run id, or None when the filter declined or the run already
     existed. Never raises for a failing workflow: invariant 3.
     """
     filter_error: Failure | None = None
     trigger = workflow.trigger
-    if isinstance(trigger, EventTrigger) and trigger.filter is not None:
+    if key is not None:
+        pass  # a child run: its parent asked for it, no filter applies
+    elif isinstance(trigger, EventTrigger) and trigger.filter is not None:
         try:
             if not trigger.filter(event):
                 return None
         except Exception as exc:
             filter_error = raised(FILTER_FAILED, "", "the trigger filter raised", exc)
     try:
-        key = _idempotency_key(workflow, event)
+        if key is None:
+            key = _idempotency_key(workflow, event)
     except Exception as exc:
         key = uuid.uuid4().hex
         filter_error = filter_error or raised(
@@ -555,10 +674,13 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
     }
     if workflow.search_key is not None:  # else the idempotency key is the search key
         started["search_key"] = search_key_of(workflow, event)
+    if parent is not None:
+        started["parent"] = parent
     # Every append below happens in an atomic block that an error unwinds.
     stream = RunStream(
         run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id, savepoint=False
     )
+    stream.parent = parent
     opening = (event_types.RUN_STARTED, started)
     fresh = stream.mark()
     try:
@@ -577,7 +699,9 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
                         "workflow_version": workflow.version,
                         "definition_fingerprint": workflow.fingerprint,
                         "trigger_event_id": event.id,
-                        "state": telemetry.carry({"results": {}, "awaited": {}}),
+                        "state": telemetry.carry(
+                            {"results": {}, "awaited": {}, **({"parent": parent} if parent else {})}
+                        ),
                     },
                 )
             else:
@@ -587,6 +711,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
                     tenant_id=event.tenant_id,
                     event=event,
                     now=now,
+                    parent=parent,
                 )
                 run_segment(workflow, stream, ctx, None, opening)
         return run_id

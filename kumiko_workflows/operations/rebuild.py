@@ -19,7 +19,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
+from kumiko_workflows.models import (
+    Event,
+    WorkflowChildGroup,
+    WorkflowRun,
+    WorkflowRunPending,
+    WorkflowWaitKey,
+)
 from kumiko_workflows.store import db
 from kumiko_workflows.store.dispatch import registry as projection_registry
 
@@ -75,6 +81,16 @@ class RebuildResult:
     pending: int
     differences: list[Difference]
     applied: bool
+
+
+GROUP_FIELDS = [f.attname for f in WorkflowChildGroup._meta.concrete_fields if f.attname != "id"]
+
+
+def _groups() -> Rows:
+    return {
+        (row["tenant_id"], row["parent_run_id"], row["group"]): row
+        for row in WorkflowChildGroup.objects.values(*GROUP_FIELDS)
+    }
 
 
 def _snapshot() -> tuple[Rows, Rows, Rows]:
@@ -146,10 +162,12 @@ def rebuild(
     with db.atomic():
         db.lock_projection_tables()
         before_runs, before_pending, before_keys = _snapshot()
+        before_groups = _groups()
         errors = list(
             WorkflowRun.objects.exclude(last_error="").values_list("run_id", "last_error")
         )
         WorkflowWaitKey.objects.all().delete()
+        WorkflowChildGroup.objects.all().delete()
         WorkflowRunPending.objects.all().delete()
         WorkflowRun.objects.all().delete()
         events = replay(progress)
@@ -158,6 +176,7 @@ def rebuild(
             _compare("run", before_runs, after_runs)
             + _compare("pending", before_pending, after_pending)
             + _compare("key", before_keys, after_keys)
+            + _compare("children", before_groups, _groups())
         )
         if apply:
             _restore_errors((run_id, text) for run_id, text in errors if (run_id,) in after_runs)

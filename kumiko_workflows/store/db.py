@@ -33,6 +33,7 @@ from kumiko_workflows.models import (
     Event,
     PurgedRun,
     SignalDelivery,
+    WorkflowChildGroup,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
@@ -782,7 +783,7 @@ def lock_projection_tables() -> None:
     if conn.vendor == "postgresql":
         tables = ", ".join(
             conn.ops.quote_name(model._meta.db_table)
-            for model in (WorkflowRun, WorkflowRunPending, WorkflowWaitKey)
+            for model in (WorkflowRun, WorkflowRunPending, WorkflowWaitKey, WorkflowChildGroup)
         )
         with conn.cursor() as cursor:
             cursor.execute(f"LOCK TABLE {tables} IN EXCLUSIVE MODE")

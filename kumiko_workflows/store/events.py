@@ -59,6 +59,7 @@ _NEXT_VERSION_ATTEMPTS = 3
 ENGINE_STREAMS = {
     et.RUN_AGGREGATE_TYPE: (frozenset(et.RUN_EVENTS), "workflow run events"),
     et.SCHEDULE_AGGREGATE_TYPE: (frozenset(et.SCHEDULE_EVENTS), "cron schedule events"),
+    et.CALL_AGGREGATE_TYPE: (frozenset(et.CALL_EVENTS), "child run requests"),
 }
 #: Streams only the engine writes.
 RESERVED_AGGREGATE_TYPES = frozenset(ENGINE_STREAMS)

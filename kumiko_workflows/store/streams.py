@@ -36,6 +36,12 @@ INVALID_MATCH = "invalid_match"
 INVALID_PENDING_ROW = "invalid_pending_row"
 INTERNAL_ERROR = "internal_error"
 RESUME_FAILED_REPEATEDLY = "resume_failed_repeatedly"
+#: A child run (call_workflow, fan_out) failed or was cancelled.
+CHILD_FAILED = "child_failed"
+#: A call_workflow or fan_out step's children did not finish within its timeout.
+CHILD_TIMEOUT = "child_timeout"
+#: A compensation of a finished step failed on every attempt: not everything was undone.
+COMPENSATION_FAILED = "compensation_failed"
 #: Every reason above, in the order the admin's filter lists them.
 FAILURE_REASONS = (
     STEP_FAILED,
@@ -50,6 +56,9 @@ FAILURE_REASONS = (
     INVALID_PENDING_ROW,
     INTERNAL_ERROR,
     RESUME_FAILED_REPEATEDLY,
+    CHILD_FAILED,
+    CHILD_TIMEOUT,
+    COMPENSATION_FAILED,
 )
 
 #: (run id, first version, last version) of events about to be appended
@@ -89,6 +98,9 @@ class RunStream:
     _no_pending: bool = field(default=False, init=False, repr=False)
     #: An event to append with the next one (:meth:`hold`).
     _held: tuple[str, dict[str, Any]] | None = field(default=None, init=False, repr=False)
+    #: A child run's parent ({"run_id", "group"}): written into its terminal
+    #: event, which counts it in the parent's fan-in.
+    parent: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def of_pending(cls, row: Any, *, deleted: bool = False) -> RunStream:
@@ -106,6 +118,23 @@ class RunStream:
             row.trigger_event_id,
         )
         stream._no_pending = deleted and not row.wait_event_type
+        state = row.state if isinstance(row.state, dict) else {}
+        stream.parent = state.get("parent") if isinstance(state.get("parent"), dict) else None
+        return stream
+
+    @classmethod
+    def of_run(cls, run: Any) -> RunStream:
+        """The stream of a run's status row, positioned after the last event it saw."""
+        stream = cls(
+            run.run_id,
+            run.tenant_id,
+            run.workflow_name,
+            run.version,
+            run.definition_fingerprint,
+            run.trigger_event_id,
+        )
+        if run.parent_run_id is not None:  # a child run: its end counts in its parent's fan-in
+            stream.parent = {"run_id": str(run.parent_run_id), "group": run.parent_group}
         return stream
 
     def mark(self) -> tuple[int, bool]:
@@ -125,6 +154,8 @@ class RunStream:
         self._held = (type, payload)
 
     def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
+        if self.parent is not None and type in event_types.TERMINAL:
+            payload = {**payload, "parent": self.parent}
         held, self._held = self._held, None
         count = 2 if held is not None else 1
         hint = None
@@ -219,6 +250,7 @@ def fail_run(
     state: dict[str, Any] | None = None,
     retry_from: str | None = None,
     suspension: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Event:
     """Append ``workflow.run-failed`` (generic text only) and record the raw error.
 
@@ -227,6 +259,7 @@ def fail_run(
     (:func:`kumiko_workflows.workflow.suspensions.standing`).
     """
     kept = {} if suspension is None else {"suspension": suspension}
+    kept.update(extra or {})
     event = stream.append(
         event_types.RUN_FAILED,
         {

@@ -83,6 +83,26 @@ class CronTrigger:
         return zoneinfo.ZoneInfo(self.timezone)
 
 
+@dataclass(frozen=True, eq=False)
+class CallTrigger:
+    """Runs started only by a parent's ``call_workflow`` or ``fan_out`` step."""
+
+    kind = "call"
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "call"}
+
+
+def on_call() -> CallTrigger:
+    """A workflow started only as a child run (``steps.call_workflow``, ``steps.fan_out``).
+
+    Any workflow may be called; one with this trigger is never started by an
+    event or a schedule. Its run's trigger is the parent's request, whose
+    payload is the child's input.
+    """
+    return CallTrigger()
+
+
 def on_event(event_type: str, filter: Callable[[Any], Any] | None = None) -> EventTrigger:
     """Start a run whenever an event of ``event_type`` is appended (and ``filter(event)``)."""
     if not isinstance(event_type, str) or not event_type.strip():
@@ -249,6 +269,13 @@ def validate(workflow: Workflow) -> list[Problem]:
             seen[result_name] = where
         for check, message, hint in step.problems(workflow.awaits, path):
             add(check, message, hint)
+    if isinstance(workflow.returns, str) and workflow.returns not in seen:
+        add(
+            "E130",
+            f"returns={workflow.returns!r} names no step's result "
+            f"(results: {', '.join(sorted(seen)) or 'none'})",
+            "Name a compute step or awaits key of this workflow, or give a callable(ctx).",
+        )
     for old, positions in sorted(workflow.migrates_from.items()):
         for source, target in sorted(positions.items()):
             try:
@@ -277,6 +304,8 @@ def _callables(workflow: Workflow) -> Iterator[tuple[str, Any]]:
         yield "the trigger filter", trigger.filter
     if callable(workflow.idempotency_key):
         yield "idempotency_key", workflow.idempotency_key
+    if callable(workflow.returns):
+        yield "returns", workflow.returns
     for path, step in iter_steps(workflow.steps):
         for arg, value in step.callables():
             yield f"step {path_text(path)} ({step.label()}) {arg}", value
@@ -298,7 +327,7 @@ def _hash(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS})
+ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS, *et.CALL_EVENTS})
 
 #: How a worker commits the resumes of a workflow's runs: with others in a
 #: batch (fast), or each on its own (a killed worker repeats no other run).
@@ -318,7 +347,7 @@ class Workflow:
     def __init__(
         self,
         name: str,
-        trigger: EventTrigger | CronTrigger,
+        trigger: EventTrigger | CronTrigger | CallTrigger,
         steps: Sequence[Step],
         idempotency_key: str | Callable[[Any], Any] | None = None,
         awaits: Mapping[str, str] | None = None,
@@ -327,15 +356,27 @@ class Workflow:
         start: str = "inline",
         migrates_from: Mapping[int, Mapping[str, str]] | None = None,
         search_key: Callable[[Any], Any] | None = None,
+        returns: str | Callable[[Any], Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
                 f"a workflow needs a name (1-200 characters), got {name!r}"
             )
-        if not isinstance(trigger, EventTrigger | CronTrigger):
+        if not isinstance(trigger, EventTrigger | CronTrigger | CallTrigger):
             raise WorkflowDefinitionError(
-                f"workflow {name!r}: trigger must be on_event(...) or on_cron(...), got {trigger!r}"
+                f"workflow {name!r}: trigger must be on_event(...), on_cron(...) or on_call(), "
+                f"got {trigger!r}"
             )
+        if returns is not None and not (
+            (isinstance(returns, str) and returns.strip()) or callable(returns)
+        ):
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: returns must be a step's result name, a callable(ctx) "
+                f"or None, got {returns!r}"
+            )
+        #: What a run returns to a parent that called it: a result name, a
+        #: callable(ctx), or None: the result of its last top-level step.
+        self.returns = returns
         if idempotency_key is not None and not (
             isinstance(idempotency_key, str) or callable(idempotency_key)
         ):
@@ -399,6 +440,11 @@ class Workflow:
         #: fingerprint, so adding it to a version that has runs strands none.
         self.migrates_from = _migration_maps(name, version, migrates_from)
         self._steps_by_path = {path_text(p): s for p, s in iter_steps(self.steps)}
+        #: Whether a step has a compensation (each of its steps then keeps its
+        #: writes when a later one fails, for the compensations to undo).
+        self.compensates = any(
+            getattr(step, "compensate", None) is not None for step in self._steps_by_path.values()
+        )
         self.step_fingerprints = self._step_fingerprints()
         self.fingerprint = _hash(self.step_fingerprints)
 
@@ -413,6 +459,8 @@ class Workflow:
             "awaits": self.awaits,
             "idempotency_key": describe_value(self.idempotency_key),
         }
+        if self.returns is not None:  # absent otherwise: existing fingerprints stay
+            header["returns"] = describe_value(self.returns)
         prints = {"workflow": _hash(header)[:16]}
         for path, step in iter_steps(self.steps):
             own = step.describe()
@@ -703,7 +751,7 @@ registry = WorkflowRegistry()
 
 def define_workflow(
     name: str,
-    trigger: EventTrigger | CronTrigger,
+    trigger: EventTrigger | CronTrigger | CallTrigger,
     steps: Sequence[Step],
     idempotency_key: str | Callable[[Any], Any] | None = None,
     awaits: Mapping[str, str] | None = None,
@@ -713,6 +761,7 @@ def define_workflow(
     start: str = "inline",
     migrates_from: Mapping[int, Mapping[str, str]] | None = None,
     search_key: Callable[[Any], Any] | None = None,
+    returns: str | Callable[[Any], Any] | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name`` and ``version``.
@@ -730,7 +779,10 @@ def define_workflow(
     at step 1 may continue in this version, for ``migrate_workflow_runs``
     (nothing moves until that runs). ``search_key`` (``event -> str``, at
     most 200 characters) is what the admin's search finds a run by, e.g. an
-    order number; without it, the idempotency key. Pass ``register=False``
+    order number; without it, the idempotency key. ``returns`` is what a
+    run gives a parent that called it (``steps.call_workflow``): a step's
+    result name, ``callable(ctx)``, or None for the result of its last
+    top-level step. Pass ``register=False``
     to build a definition without registering it (for
     :meth:`WorkflowRegistry.override`).
     """
@@ -745,6 +797,7 @@ def define_workflow(
         start,
         migrates_from,
         search_key=search_key,
+        returns=returns,
     )
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:

@@ -381,3 +381,6 @@ deploying = define_workflow(
         *([steps.compute("appended", record("appended"))] if DEPLOYED_CODE == "new" else []),
     ],
 )
+
+# Child runs, fan-out and compensation (tests/test_composition.py).
+from tests.testapp import compose_workflows  # noqa: E402, F401

@@ -1,0 +1,89 @@
+"""The fan-in projection: ``WorkflowChildGroup``, one row per step that started child runs.
+
+A pure function of the events, like the run status: the first child's
+request (``workflow.call-requested`` at index 0, whose metadata describes the
+group) creates the row; each child's ``run-started`` counts it started and
+its terminal event (which names its parent) counts it finished; the
+parent's cancel (or its compensation asked for by a cancel) closes it. Each
+child touches its own group's row only, by key: a finishing child costs the
+same with ten children or ten thousand. Starting the next child and waking
+the parent are reactions (:mod:`kumiko_workflows.engine.children`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import F
+from django.utils.dateparse import parse_datetime
+
+from kumiko_workflows import event_types as et
+from kumiko_workflows.models import Event, WorkflowChildGroup
+
+#: The event types this projection reads.
+HANDLED = frozenset({et.CALL_REQUESTED, et.RUN_STARTED, *et.TERMINAL, et.COMPENSATION_SCHEDULED})
+
+
+def parent_of(event: Event) -> dict[str, Any] | None:
+    """The parent a child run's event names ({"run_id", "group", ...}), or None."""
+    parent = event.payload.get("parent") if isinstance(event.payload, dict) else None
+    return parent if isinstance(parent, dict) and parent.get("run_id") else None
+
+
+def group_of(tenant_id: str, parent: dict[str, Any]) -> Any:
+    """The queryset of one group's row."""
+    return WorkflowChildGroup.objects.filter(
+        tenant_id=tenant_id, parent_run_id=parent["run_id"], group=parent["group"]
+    )
+
+
+def project_children(event: Event, replaying: bool) -> None:
+    kind = event.type
+    if kind == et.CALL_REQUESTED:
+        meta = event.metadata or {}
+        if meta.get("index") != 0:
+            return
+        WorkflowChildGroup.objects.bulk_create(
+            [
+                WorkflowChildGroup(
+                    tenant_id=event.tenant_id,
+                    parent_run_id=meta["parent_run_id"],
+                    group=meta["group"],
+                    step=meta["step"],
+                    workflow_name=meta["workflow"],
+                    total=meta["total"],
+                    max_concurrency=meta.get("max_concurrency"),
+                    on_child_failure=meta.get("on_child_failure", "fail"),
+                    on_cancel=meta.get("on_cancel", "cancel"),
+                    timeout_at=parse_datetime(meta["timeout_at"])
+                    if meta.get("timeout_at")
+                    else None,
+                )
+            ],
+            ignore_conflicts=True,  # projected twice (at least once): one row
+        )
+        return
+    if event.aggregate_type != et.RUN_AGGREGATE_TYPE:
+        return
+    if kind in (et.RUN_CANCELLED, et.COMPENSATION_SCHEDULED):
+        if kind == et.COMPENSATION_SCHEDULED and not event.payload.get("cancel"):
+            return
+        # A cancelled parent starts no further child and is not woken.
+        WorkflowChildGroup.objects.filter(
+            tenant_id=event.tenant_id, parent_run_id=event.aggregate_id, closed=False
+        ).update(closed=True)
+    parent = parent_of(event)
+    if parent is None:
+        return
+    if kind == et.RUN_STARTED:
+        group_of(event.tenant_id, parent).update(started=F("started") + 1)
+    elif kind in et.TERMINAL:
+        failed = kind != et.RUN_COMPLETED
+        changes: dict[str, Any] = {"finished": F("finished") + 1, "last_event_id": event.id}
+        if failed:
+            changes["failed"] = F("failed") + 1
+        rows = group_of(event.tenant_id, parent)
+        rows.update(**changes)
+        if failed:
+            # Under on_child_failure="fail", a failure stops the fan-out.
+            rows.filter(on_child_failure="fail", stopped=False).update(stopped=True)
