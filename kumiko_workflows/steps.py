@@ -114,7 +114,10 @@ class Execution(Protocol):
         """
 
     def attempt_in_progress(self, path: Path) -> int:
-        """The attempt of the retry at ``path`` a resume inside its body continues."""
+        """The attempt of the retry (or pass of the repeat) at ``path`` a resume continues."""
+
+    def set_attempt(self, path: Path, attempt: int | None) -> None:
+        """Record (None: forget) the pass a repeat at ``path`` is in, kept across suspensions."""
 
     def children(self, path: Path, spec: ChildSpec) -> list[dict[str, Any]]:
         """The outcome of each child run of the step at ``path``, in item order.
@@ -674,6 +677,75 @@ class FanOut(_Children):
         execution.store(path, self.name, [o.get("result") for o in outcomes])
 
 
+@dataclass(frozen=True, eq=False)
+class Repeat(Step):
+    name: str
+    do: tuple[Step, ...]
+    until: Any
+    max_times: int
+    kind = "repeat"
+    callable_args = ("until",)
+
+    def arms(self) -> dict[str, tuple[Step, ...]]:
+        return {"do": self.do}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "until": describe_value(self.until),
+            "max_times": self.max_times,
+        }
+
+    def label(self) -> str:
+        return f"repeat {self.name!r}"
+
+    def result_name(self) -> str | None:
+        return self.name
+
+    def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
+        if not self.do:
+            yield (
+                "E013",
+                f"step {path_text(path)} ({self.label()}) has an empty body",
+                ("Give repeat(do=[...]) a step."),
+            )
+
+    def run(self, execution: Execution, path: Path) -> None:
+        self._passes(execution, path, 1, None)
+
+    def resume_in(self, execution: Execution, path: Path, arm: str, cursor: Any) -> None:
+        # A wait inside the body: the pass it belongs to goes on.
+        self._passes(execution, path, execution.attempt_in_progress(path), cursor)
+
+    def _passes(self, execution: Execution, path: Path, number: int, cursor: Any) -> None:
+        while True:
+            execution.set_attempt(path, number)
+            execution.run_steps_from(self.do, (*path, "do"), cursor)
+            cursor = None
+            self._keep_pass(execution, path, number)
+            if number >= self.max_times or (
+                self.until is not None and execution.arg(path, "until", self.until)
+            ):
+                execution.set_attempt(path, None)
+                return
+            number += 1
+
+    def _keep_pass(self, execution: Execution, path: Path, number: int) -> None:
+        """Keep the pass's results as ``name#number``; ``ctx.steps[self.name]``: passes done."""
+        ctx = execution.ctx
+        for _, inner in iter_steps(self.do):
+            name = inner.result_name()
+            if name is None or name not in ctx.steps:
+                continue
+            if name in ctx.awaited:  # an awaited event: kept by reference, as it was taken
+                ctx.awaited[f"{name}#{number}"] = ctx.awaited[name]
+                ctx.steps[f"{name}#{number}"] = ctx.steps[name]
+            else:
+                execution.store(path, f"{name}#{number}", ctx.steps[name])
+        execution.store(path, self.name, number)
+
+
 def iter_steps(steps: Sequence[Step], prefix: Path = ()) -> Iterator[tuple[Path, Step]]:
     """Every step of a step list, nested ones included, with its position."""
     for i, step in enumerate(steps):
@@ -728,6 +800,24 @@ def compute(
             f"got {compensate_times!r}"
         )
     return Compute(name, fn, compensate, compensate_times)
+
+
+def repeat(name: str, do: Sequence[Step] = (), until: Any = None, max_times: int = 1) -> Repeat:
+    """Run ``do`` again: until ``until(ctx)`` is truthy after a pass, at most ``max_times``.
+
+    The body may wait (``wait``, ``wait_for_event``, child runs); a resume
+    goes on in the pass it suspended in. Each pass's results stay
+    addressable as ``ctx.steps["<result>#<pass>"]`` (passes count from 1;
+    ``ctx.steps["<result>"]`` is the latest pass's), and
+    ``ctx.steps[name]`` is the number of passes done. An event a wait of an
+    earlier pass took is never taken again.
+    """
+    _step_name("repeat", name)
+    if _bad_times(max_times):
+        raise WorkflowDefinitionError(
+            f"repeat({name!r}): max_times must be an integer >= 1, got {max_times!r}"
+        )
+    return Repeat(name, _step_list(do, "repeat(do=...)"), until, max_times)
 
 
 def _workflow_name(kind: str, name: str, workflow: Any) -> str:
@@ -892,6 +982,7 @@ __all__ = [
     "Compute",
     "Execution",
     "FanOut",
+    "Repeat",
     "Retry",
     "Step",
     "Suspend",
@@ -901,6 +992,7 @@ __all__ = [
     "call_workflow",
     "compute",
     "fan_out",
+    "repeat",
     "retry",
     "wait",
     "wait_for_event",

@@ -394,3 +394,44 @@ def test_a_call_of_an_unknown_workflow_fails_the_step_clearly():
     run = WorkflowRun.objects.get(run_id=run_id_for("t-compose-missing", event.payload["run_key"]))
     assert (run.status, run.failure_reason) == ("failed", "invalid_step_argument")
     assert "no workflow named 't-no-such-workflow'" in run.last_error
+
+
+# --- repeat ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_repeat_with_a_wait_inside_resumes_at_the_right_pass():
+    from kumiko_workflows.testing import VirtualClock
+
+    with VirtualClock() as clock:
+        event = trigger("t.remind", user="ada")
+        run = run_id_for("t-reminders", event.payload["run_key"])
+        assert WorkflowRunPending.objects.get(run_id=run).step == "0.do.1"
+        clock.advance("P3D")  # pass 1 times out: pass 2 reminds again and waits
+        state = WorkflowRunPending.objects.get(run_id=run).state
+        assert state["attempts"] == {"0": 2}
+        assert state["results"]["remind#1"] == {"pass": 1}
+        assert state["results"]["reminders"] == 1
+        trigger("t.verified", user="ada")  # ends pass 2's wait
+        clock.run_until_idle()
+    assert status(run) == "completed"
+    got = results(run)
+    assert got["outcome"] == {"passes": 2, "verified": True}
+    assert (got["remind#1"], got["remind#2"]) == ({"pass": 1}, {"pass": 2})
+    awaited = run_events(run)[-1].payload["state"]["awaited"]
+    assert awaited["verified#1"] is None and awaited["verified#2"] == awaited["verified"]
+
+
+@pytest.mark.django_db
+def test_a_repeat_stops_after_max_times():
+    from kumiko_workflows.testing import VirtualClock
+
+    with VirtualClock() as clock:
+        event = trigger("t.remind", user="bob")
+        run = run_id_for("t-reminders", event.payload["run_key"])
+        clock.run_until_idle()
+    assert status(run) == "completed"
+    got = results(run)
+    assert got["outcome"] == {"passes": 3, "verified": False}
+    assert [got[f"remind#{n}"]["pass"] for n in (1, 2, 3)] == [1, 2, 3]
+    assert types_of(run).count(et.WAITING_FOR_EVENT) == 3

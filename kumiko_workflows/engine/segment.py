@@ -237,6 +237,12 @@ class Executor:
     def attempt_in_progress(self, path: tuple[Any, ...]) -> int:
         return int(self.ctx.attempts.get(path_text(path), 1))
 
+    def set_attempt(self, path: tuple[Any, ...], attempt: int | None) -> None:
+        if attempt is None:
+            self.ctx.attempts.pop(path_text(path), None)
+        else:
+            self.ctx.attempts[path_text(path)] = attempt
+
     def children(self, path: tuple[Any, ...], spec: ChildSpec) -> list[dict[str, Any]]:
         return children.run_children(self, path, spec, start_run)
 

@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from kumiko_workflows import define_workflow, on_call, on_event, steps
+from kumiko_workflows import define_workflow, match, on_call, on_event, steps
 
 
 def run_key(event):
@@ -280,3 +280,40 @@ if os.environ.get("KUMIKO_TEST_HOLD_CHILDREN_WAIT"):
             order=60,
             replay=False,
         )
+
+
+# --- repeat: remind until verified, at most 3 times ----------------------------------
+
+
+def remind(ctx):
+    return {"pass": ctx.steps.get("reminders", 0) + 1}
+
+
+def verified(ctx):
+    return ctx.steps["verified"] is not None
+
+
+def outcome(ctx):
+    return {"passes": ctx.steps["reminders"], "verified": verified(ctx)}
+
+
+reminders = define_workflow(
+    name="t-reminders",
+    trigger=on_event("t.remind"),
+    idempotency_key=run_key,
+    awaits={"verified": "t.verified"},
+    steps=[
+        steps.repeat(
+            "reminders",
+            do=[
+                steps.compute("remind", remind),
+                steps.wait_for_event(
+                    "verified", match=match.eq("user", match.from_trigger("user")), timeout="P3D"
+                ),
+            ],
+            until=verified,
+            max_times=3,
+        ),
+        steps.compute("outcome", outcome),
+    ],
+)
