@@ -59,6 +59,7 @@ from kumiko_workflows.models import (
     Event,
     RunStatus,
     SuspensionType,
+    WorkflowChildGroup,
     WorkflowRun,
     WorkflowRunPending,
 )
@@ -387,6 +388,20 @@ class FailureReasonFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
         return queryset.filter(failure_reason=value) if value else queryset
+
+
+def _run_link(url: str, run_id: Any) -> str:
+    return format_html('<a class="kw-id" href="{}" title="{}">{}</a>', url, run_id, run_id)
+
+
+def progress_text(group: WorkflowChildGroup) -> str:
+    """A fan-out's progress for people: "7 of 12 children finished, 1 failed"."""
+    text = f"{group.finished} of {group.total} children finished, {group.failed} failed"
+    if group.closed:
+        text += " (cancelled: no further child starts)"
+    elif group.stopped and group.started < group.total:
+        text += f" (stopped by a failure: {group.total - group.started} not started)"
+    return text
 
 
 @admin.register(WorkflowRun)
@@ -719,7 +734,46 @@ class WorkflowRunAdmin(WorkflowAdmin):
             event = found.get(event_id)
             text = f" {event.type}, {when(event.created_at)}" if event else " (gone)"
             related.append((what.capitalize(), self._event_link(event_id, text)))
-        return related
+        return related + self._family(run)
+
+    #: Children linked one by one on a run page; more are a filtered list away.
+    CHILD_LINKS = 20
+
+    def _family(self, run: WorkflowRun) -> list[tuple[str, str]]:
+        """The run's parent and, per step that started children, their progress and links."""
+        rows: list[tuple[str, str]] = []
+        if run.parent_run_id is not None:
+            rows.append(
+                (
+                    "Parent run",
+                    _run_link(self._url(WorkflowRun, run.parent_run_id), run.parent_run_id),
+                )
+            )
+        groups = WorkflowChildGroup.objects.filter(
+            tenant_id=run.tenant_id, parent_run_id=run.run_id
+        ).order_by("id")
+        for group in groups:
+            children = WorkflowRun.objects.filter(
+                tenant_id=run.tenant_id, parent_run_id=run.run_id, parent_group=group.group
+            ).order_by("started_at", "run_id")[: self.CHILD_LINKS]
+            links = format_html_join(
+                " ",
+                "{}",
+                ((_run_link(self._url(WorkflowRun, c.run_id), c.run_id),) for c in children),
+            )
+            everyone = f"{self._changelist_url(WorkflowRun)}?parent_run_id={run.run_id}"
+            rows.append(
+                (
+                    f"Children of step {group.step}",
+                    format_html(
+                        '{} <a href="{}">(all)</a><br>{}',
+                        progress_text(group),
+                        everyone,
+                        links,
+                    ),
+                )
+            )
+        return rows
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         snapshot = getattr(request, "_kw_run_snapshot", None)

@@ -435,3 +435,45 @@ def test_a_repeat_stops_after_max_times():
     assert got["outcome"] == {"passes": 3, "verified": False}
     assert [got[f"remind#{n}"]["pass"] for n in (1, 2, 3)] == [1, 2, 3]
     assert types_of(run).count(et.WAITING_FOR_EVENT) == 3
+
+
+# --- the admin's run page: parent and children, a fan-out's progress ------------------
+
+
+@pytest.mark.django_db
+def test_the_run_page_links_parent_and_children_and_shows_the_progress(
+    client, django_user_model, past
+):
+    from django.urls import reverse
+
+    client.force_login(django_user_model.objects.create_superuser("root", "r@example.com", "pw"))
+    event = trigger("t.fan-collect", count=12, wait_until=past, fail=[5])
+    parent = run_id_for("t-parent-fan-collect", event.payload["run_key"])
+    # Eight children finish (one of them failing), four still wait.
+    first_eight = [
+        c
+        for c in children_of(parent)
+        if Event.objects.get(id=c.trigger_event_id).payload["index"] < 8
+    ]
+    for child in first_eight:
+        from kumiko_workflows.engine.resume import resume_row
+        from kumiko_workflows.store import db
+
+        with db.atomic():
+            row = WorkflowRunPending.objects.select_for_update().get(run_id=child.run_id)
+            row.delete()
+            resume_row(row, Event.objects.get(id=row.trigger_event_id), row.wake_at)
+
+    page = client.get(reverse("admin:kumiko_workflows_workflowrun_change", args=[parent]))
+    text = page.content.decode()
+    assert "8 of 12 children finished, 1 failed" in text
+    child = children_of(parent)[0]
+    assert f'title="{child.run_id}"' in text
+    assert f"?parent_run_id={parent}" in text
+    listed = client.get(
+        reverse("admin:kumiko_workflows_workflowrun_changelist") + f"?parent_run_id={parent}"
+    )
+    assert listed.status_code == 200 and str(child.run_id) in listed.content.decode()
+
+    page = client.get(reverse("admin:kumiko_workflows_workflowrun_change", args=[child.run_id]))
+    assert "Parent run" in page.content.decode() and str(parent) in page.content.decode()
