@@ -565,6 +565,8 @@ class _Children(Step):
     on_child_failure: str
     on_cancel: str
     timeout: Any
+    compensate: Callable[[Any], Any] | None
+    compensate_times: int
     suspends = True
     suspends_in_retry = True
     resumes_from = ("children",)
@@ -576,7 +578,7 @@ class _Children(Step):
         return self.name
 
     def _shared(self) -> dict[str, Any]:
-        return {
+        shared = {
             "kind": self.kind,
             "name": self.name,
             "workflow": self.workflow,
@@ -584,6 +586,20 @@ class _Children(Step):
             "on_cancel": self.on_cancel,
             "timeout": describe_value(self.timeout),
         }
+        if self.compensate is not None:
+            shared["compensate"] = callable_name(self.compensate)
+            shared["compensate_times"] = self.compensate_times
+        return shared
+
+    def callables(self) -> Iterator[tuple[str, Callable[..., Any]]]:
+        yield from super().callables()
+        if self.compensate is not None:
+            yield "compensate", self.compensate
+
+    def _stored(self, execution: Execution, path: Path, result: Any) -> None:
+        execution.store(path, self.name, result)
+        if self.compensate is not None:  # the children's work, undone if the run fails later
+            execution.compensable(path)
 
     def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
         if self.timeout is not None and is_static(self.timeout):
@@ -614,6 +630,8 @@ class CallWorkflow(_Children):
     timeout: Any = None
     on_child_failure: str = "fail"
     on_cancel: str = "cancel"
+    compensate: Callable[[Any], Any] | None = None
+    compensate_times: int = 3
     kind = "call_workflow"
     callable_args = ("input", "timeout")
 
@@ -632,9 +650,9 @@ class CallWorkflow(_Children):
 
         [outcome] = execution.children(path, self._spec(execution, path, inputs))
         if self.on_child_failure == "collect":
-            execution.store(path, self.name, _envelope(outcome))
+            self._stored(execution, path, _envelope(outcome))
         elif outcome["status"] == "completed":
-            execution.store(path, self.name, outcome.get("result"))
+            self._stored(execution, path, outcome.get("result"))
         else:
             raise execution.child_failed(path, outcome, None)
 
@@ -648,6 +666,8 @@ class FanOut(_Children):
     on_child_failure: str = "fail"
     on_cancel: str = "cancel"
     timeout: Any = None
+    compensate: Callable[[Any], Any] | None = None
+    compensate_times: int = 3
     kind = "fan_out"
     callable_args = ("items", "timeout")
 
@@ -669,12 +689,12 @@ class FanOut(_Children):
             path, self._spec(execution, path, inputs, self.max_concurrency)
         )
         if self.on_child_failure == "collect":
-            execution.store(path, self.name, [_envelope(o) for o in outcomes])
+            self._stored(execution, path, [_envelope(o) for o in outcomes])
             return
         for index, outcome in enumerate(outcomes):
             if outcome["status"] not in ("completed", "not_started"):
                 raise execution.child_failed(path, outcome, index)
-        execution.store(path, self.name, [o.get("result") for o in outcomes])
+        self._stored(execution, path, [o.get("result") for o in outcomes])
 
 
 @dataclass(frozen=True, eq=False)
@@ -790,16 +810,19 @@ def compute(
     _step_name("compute", name)
     if not callable(fn):
         raise WorkflowDefinitionError(f"compute({name!r}, fn): fn must be callable, got {fn!r}")
+    _compensation("compute", name, compensate, compensate_times)
+    return Compute(name, fn, compensate, compensate_times)
+
+
+def _compensation(kind: str, name: str, compensate: Any, times: Any) -> None:
     if compensate is not None and not callable(compensate):
         raise WorkflowDefinitionError(
-            f"compute({name!r}, compensate=...): give a callable undo(ctx), got {compensate!r}"
+            f"{kind}({name!r}, compensate=...): give a callable undo(ctx), got {compensate!r}"
         )
-    if _bad_times(compensate_times):
+    if _bad_times(times):
         raise WorkflowDefinitionError(
-            f"compute({name!r}, compensate_times=...) must be an integer >= 1, "
-            f"got {compensate_times!r}"
+            f"{kind}({name!r}, compensate_times=...) must be an integer >= 1, got {times!r}"
         )
-    return Compute(name, fn, compensate, compensate_times)
 
 
 def repeat(name: str, do: Sequence[Step] = (), until: Any = None, max_times: int = 1) -> Repeat:
@@ -850,6 +873,8 @@ def call_workflow(
     *,
     on_child_failure: str = "fail",
     on_cancel: str = "cancel",
+    compensate: Callable[[Any], Any] | None = None,
+    compensate_times: int = 3,
 ) -> CallWorkflow:
     """Start a child run of ``workflow`` and wait until it finishes.
 
@@ -861,6 +886,8 @@ def call_workflow(
     stores ``{"ok": ..., "result" | "reason": ...}`` instead. ``timeout``
     fails the step (``child_timeout``) and cancels the child. Cancelling
     this run cancels the child unless ``on_cancel="abandon"``.
+    ``compensate`` (``undo(ctx)``) undoes the child's work if the run fails
+    after the step finished (see :func:`compute`).
     """
     _step_name("call_workflow", name)
     named = _workflow_name("call_workflow", name, workflow)
@@ -869,7 +896,10 @@ def call_workflow(
         raise WorkflowDefinitionError(
             f"call_workflow({name!r}, input=...) must be a dict or a callable(ctx), got {input!r}"
         )
-    return CallWorkflow(name, named, input, timeout, on_child_failure, on_cancel)
+    _compensation("call_workflow", name, compensate, compensate_times)
+    return CallWorkflow(
+        name, named, input, timeout, on_child_failure, on_cancel, compensate, compensate_times
+    )
 
 
 def fan_out(
@@ -881,6 +911,8 @@ def fan_out(
     *,
     on_cancel: str = "cancel",
     timeout: Any = None,
+    compensate: Callable[[Any], Any] | None = None,
+    compensate_times: int = 3,
 ) -> FanOut:
     """Start one child run of ``workflow`` per item and wait until they have all finished.
 
@@ -891,6 +923,8 @@ def fan_out(
     item order. ``on_child_failure="fail"`` fails the step when a child
     fails (no further child starts); ``"collect"`` gives each child's
     ``{"ok": True, "result": ...}`` or ``{"ok": False, "reason": ...}``.
+    ``compensate`` (``undo(ctx)``, with the results in ``ctx.steps[name]``)
+    undoes the children's work if the run fails after the step finished.
     """
     _step_name("fan_out", name)
     named = _workflow_name("fan_out", name, workflow)
@@ -906,6 +940,7 @@ def fan_out(
         raise WorkflowDefinitionError(
             f"fan_out({name!r}, items=...) must be a list or a callable(ctx), got {items!r}"
         )
+    _compensation("fan_out", name, compensate, compensate_times)
     return FanOut(
         name,
         named,
@@ -914,6 +949,8 @@ def fan_out(
         on_child_failure,
         on_cancel,
         timeout,
+        compensate,
+        compensate_times,
     )
 
 
