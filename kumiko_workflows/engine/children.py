@@ -37,6 +37,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.projections import children as fan_in
 from kumiko_workflows.projections.children import group_of, parent_of
 from kumiko_workflows.steps import ChildSpec, Suspend, path_text
 from kumiko_workflows.store.events import append_event, engine_stream
@@ -229,21 +230,51 @@ def outcomes(row: WorkflowChildGroup) -> list[dict[str, Any]]:
 
 
 def on_child_finished(event: Event, replaying: bool, start: Start) -> None:
-    """A child run ended: start the next child of its group, or wake its parent (once)."""
-    if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE:
+    """A child run ended: start the next child of its group, or wake its parent (once).
+
+    In a worker's batch, once for its group at the batch's end instead
+    (:func:`count_batch`).
+    """
+    if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE or fan_in.batching():
         return
     parent = parent_of(event)
     if parent is None:
         return
-    row = group_of(event.tenant_id, parent).select_for_update().first()
+    _next(event.tenant_id, parent, start)
+
+
+def count_batch(start: Start) -> None:
+    """At a worker's batch's end, in its transaction: count the children that ended in it.
+
+    Per group, once: its row is updated, the next children start, and the
+    parent is woken if they have all finished. An end whose event is gone
+    (its run's savepoint was rolled back) is not counted.
+    """
+    while seen := fan_in.take():
+        for (tenant_id, parent_run_id, group), ends in seen.items():
+            present = set(
+                Event.objects.filter(
+                    tenant_id=tenant_id, id__in=[event_id for event_id, _ in ends]
+                ).values_list("id", flat=True)
+            )
+            kept = sorted(end for end in ends if end[0] in present)
+            if not kept:
+                continue
+            parent = {"run_id": parent_run_id, "group": group}
+            fan_in.count_ends(tenant_id, parent, kept)
+            _next(tenant_id, parent, start)
+
+
+def _next(tenant_id: str, parent: dict[str, Any], start: Start) -> None:
+    row = group_of(tenant_id, parent).select_for_update().first()
     if row is None or row.closed:
         return
     if row.max_concurrency is not None and not row.stopped and row.started < row.total:
-        fill(event.tenant_id, row.parent_run_id, row.group, start)
-        row = group_of(event.tenant_id, parent).first()
+        fill(tenant_id, row.parent_run_id, row.group, start)
+        row = group_of(tenant_id, parent).first()
         assert row is not None
     if row.done:
-        wakeups.children_finished(event.tenant_id, row.parent_run_id)
+        wakeups.children_finished(tenant_id, row.parent_run_id)
 
 
 # --- the cancel cascade ---------------------------------------------------------------

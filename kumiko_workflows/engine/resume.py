@@ -27,7 +27,13 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import children, compensation, deploys
-from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
+from kumiko_workflows.engine.segment import (
+    Cursor,
+    RunContext,
+    fail_opened,
+    run_segment,
+    start_run,
+)
 from kumiko_workflows.engine.wakeups import (
     decide_waiting_checks,
     event_ending,
@@ -48,6 +54,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.projections import children as fan_in
 from kumiko_workflows.store import db
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
@@ -454,7 +461,7 @@ def _drain_tenant(
         batch = ResumeReport()
         drained = False
         try:
-            with db.atomic():
+            with db.atomic(), fan_in.batched():
                 savepoints = guarded()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):
@@ -469,6 +476,8 @@ def _drain_tenant(
                     claims += 1
                     if done or time.monotonic() > deadline:
                         break  # commit now
+                # Children that ended in the batch, counted in their fan-ins at once.
+                children.count_batch(start_run)
         except _Unwound as unwound:
             if _count_unwound(unwound.row, unwound.error):
                 report.failed += 1

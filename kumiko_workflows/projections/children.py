@@ -12,9 +12,13 @@ the parent are reactions (:mod:`kumiko_workflows.engine.children`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils.dateparse import parse_datetime
 
 from kumiko_workflows import event_types as et
@@ -22,6 +26,60 @@ from kumiko_workflows.models import Event, WorkflowChildGroup
 
 #: The event types this projection reads.
 HANDLED = frozenset({et.CALL_REQUESTED, et.RUN_STARTED, *et.TERMINAL, et.COMPENSATION_SCHEDULED})
+
+
+#: Children's ends a worker's batch has seen, by group: counted once, at its end.
+_batch: ContextVar[dict[tuple[str, str, str], list[tuple[int, bool]]] | None] = ContextVar(
+    "kumiko_fan_in_batch", default=None
+)
+
+
+@contextmanager
+def batched() -> Iterator[None]:
+    """Count the children that end in the block per group, once, when :func:`take` is called.
+
+    A worker's batch resumes many children of one fan-out in one
+    transaction: counting each at once would hold the group's row from the
+    first child to the batch's commit, and a second worker's batch would
+    wait for it. Counted together at the batch's end (in the same
+    transaction, :func:`kumiko_workflows.engine.children.count_batch`), the
+    row is held only from then to the commit.
+    """
+    token = _batch.set({})
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+
+
+def batching() -> bool:
+    return _batch.get() is not None
+
+
+def take() -> dict[tuple[str, str, str], list[tuple[int, bool]]]:
+    """The ends seen so far in the batch (forgotten here), by (tenant, parent run, group)."""
+    seen = _batch.get()
+    if not seen:
+        return {}
+    taken = dict(seen)
+    seen.clear()
+    return taken
+
+
+def count_ends(tenant_id: str, parent: dict[str, Any], ends: list[tuple[int, bool]]) -> None:
+    """Count children's ends ((event id, failed), in event order) in their group's row."""
+    failures = sum(1 for _, failed in ends if failed)
+    changes: dict[str, Any] = {
+        "finished": F("finished") + len(ends),
+        "last_event_id": Greatest(Coalesce(F("last_event_id"), Value(0)), Value(ends[-1][0])),
+    }
+    if failures:
+        changes["failed"] = F("failed") + failures
+    rows = group_of(tenant_id, parent)
+    rows.update(**changes)
+    if failures:
+        # Under on_child_failure="fail", a failure stops the fan-out.
+        rows.filter(on_child_failure="fail", stopped=False).update(stopped=True)
 
 
 def parent_of(event: Event) -> dict[str, Any] | None:
@@ -79,11 +137,9 @@ def project_children(event: Event, replaying: bool) -> None:
         group_of(event.tenant_id, parent).update(started=F("started") + 1)
     elif kind in et.TERMINAL:
         failed = kind != et.RUN_COMPLETED
-        changes: dict[str, Any] = {"finished": F("finished") + 1, "last_event_id": event.id}
-        if failed:
-            changes["failed"] = F("failed") + 1
-        rows = group_of(event.tenant_id, parent)
-        rows.update(**changes)
-        if failed:
-            # Under on_child_failure="fail", a failure stops the fan-out.
-            rows.filter(on_child_failure="fail", stopped=False).update(stopped=True)
+        seen = None if replaying else _batch.get()
+        if seen is not None:
+            key = (event.tenant_id, str(parent["run_id"]), str(parent["group"]))
+            seen.setdefault(key, []).append((event.id, failed))
+            return
+        count_ends(event.tenant_id, parent, [(event.id, failed)])
