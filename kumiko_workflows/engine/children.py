@@ -92,8 +92,16 @@ def run_children(
         inputs = spec.inputs()
         if not inputs:
             return []
-        _request(executor, path, group, spec, inputs)
-        fill(ctx.tenant_id, ctx.run_id, group, start)
+        requests = _request(executor, path, group, spec, inputs)
+        if spec.max_concurrency is None:
+            # All at once: no window to read between the starts.
+            workflow = registry.get(spec.workflow)
+            for index, request in enumerate(requests):
+                key = child_key(ctx.run_id, group, index)
+                parent = {"run_id": str(ctx.run_id), "group": group, "index": index}
+                start(workflow, request, key=key, parent=parent)
+        else:
+            fill(ctx.tenant_id, ctx.run_id, group, start)
         row = _group(ctx.tenant_id, ctx.run_id, group)
         assert row is not None, "the first request creates the group"
     if row.done:
@@ -129,8 +137,9 @@ def _group(tenant_id: str, parent_run_id: Any, group: str) -> WorkflowChildGroup
 
 def _request(
     executor: Any, path: tuple[Any, ...], group: str, spec: ChildSpec, inputs: list[Any]
-) -> None:
+) -> list[Event]:
     """Append each child's request: its trigger, whose payload is its input."""
+    requests = []
     ctx = executor.ctx
     created_by = f"workflow:{ctx.workflow_name}"[: Event._meta.get_field("created_by").max_length]
     for index, payload in enumerate(inputs):
@@ -148,7 +157,7 @@ def _request(
         try:
             clean = to_json(payload, f"child {index}'s input")
             with engine_stream():
-                append_event(
+                request = append_event(
                     call_id(ctx.tenant_id, child_key(ctx.run_id, group, index)),
                     et.CALL_AGGREGATE_TYPE,
                     et.CALL_REQUESTED,
@@ -161,6 +170,8 @@ def _request(
                 )
         except (NotJSON, InvalidEvent) as exc:
             raise executor.invalid(path, f"child {index}'s input: {exc}") from None
+        requests.append(request)
+    return requests
 
 
 def fill(tenant_id: str, parent_run_id: Any, group: str, start: Start) -> None:
