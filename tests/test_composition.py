@@ -477,3 +477,17 @@ def test_the_run_page_links_parent_and_children_and_shows_the_progress(
 
     page = client.get(reverse("admin:kumiko_workflows_workflowrun_change", args=[child.run_id]))
     assert "Parent run" in page.content.decode() and str(parent) in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_rerun_of_a_parent_starts_fresh_children(past):
+    event = trigger("t.call", n=1, fail=True, wait_until=past)
+    parent = run_id_for("t-parent-call", event.payload["run_key"])
+    drain()
+    assert status(parent) == "failed"
+    assert rerun_run(parent)
+    drain()
+    first, second = children_of(parent)
+    assert first.run_id != second.run_id
+    assert second.parent_group == "0@rerun:1"
+    assert status(parent) == "failed" and second.status == "failed"  # it fails the same way

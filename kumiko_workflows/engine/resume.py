@@ -844,6 +844,14 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     suspension = failed.payload.get("suspension")
     kept = {"suspension": suspension} if suspension else {}
 
+    state = dict(failed.payload.get("state") or {})
+    if workflow.has_children:
+        # A rerun's call_workflow and fan_out steps start fresh children: the
+        # rerun is counted among the attempts their ids are derived from.
+        attempts = dict(state.get("attempts") or {})
+        attempts["rerun"] = int(attempts.get("rerun", 0)) + 1
+        state["attempts"] = attempts
+
     def payload(current: WorkflowRun) -> dict[str, Any]:
         return {
             "step": rerun_from,
@@ -851,7 +859,7 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
             "workflow_version": version,
             "definition_fingerprint": current.definition_fingerprint,
             "trigger_event_id": current.trigger_event_id,
-            "state": failed.payload.get("state") or {},
+            "state": state,
             "by": by or "",
             **kept,
         }

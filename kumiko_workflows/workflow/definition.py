@@ -445,6 +445,10 @@ class Workflow:
         self.compensates = any(
             getattr(step, "compensate", None) is not None for step in self._steps_by_path.values()
         )
+        #: Whether a step starts child runs (call_workflow, fan_out).
+        self.has_children = any(
+            "children" in step.resumes_from for step in self._steps_by_path.values()
+        )
         self.step_fingerprints = self._step_fingerprints()
         self.fingerprint = _hash(self.step_fingerprints)
 
