@@ -18,7 +18,7 @@ class KumikoWorkflowsConfig(AppConfig):
             children,
             deploys,
             purged_runs,
-            segment,
+            starts,
             transitions,
             wakeups,
         )
@@ -26,7 +26,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows.projections import children as children_projection
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
-        from kumiko_workflows.workflow.definition import registry as workflows
+        from kumiko_workflows.workflow.registry import registry as workflows
 
         projections = dispatch.registry
         if "kumiko_workflows.run_status" not in projections:
@@ -58,7 +58,7 @@ class KumikoWorkflowsConfig(AppConfig):
                 "kumiko_workflows.fan_in",
                 frozenset(et.TERMINAL),
                 lambda event, replaying: children.on_child_finished(
-                    event, replaying, segment.start_run
+                    event, replaying, children.starter()
                 ),
                 order=35,
                 replay=False,
@@ -75,7 +75,7 @@ class KumikoWorkflowsConfig(AppConfig):
             projections.register(
                 "kumiko_workflows.trigger",
                 workflows.is_trigger,
-                segment.trigger_projection,
+                starts.trigger_projection,
                 order=40,
                 replay=False,
                 builtin=True,

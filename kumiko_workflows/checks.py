@@ -8,9 +8,10 @@ from typing import Any
 from django.core import checks
 
 from kumiko_workflows.conf import DEFAULTS, import_callable, workflow_settings
-from kumiko_workflows.operations.purge import retention_problem
-from kumiko_workflows.store.events import name_problem
-from kumiko_workflows.workflow.definition import registry, validate
+from kumiko_workflows.operations.cutoff import retention_problem
+from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.validation import validate
 
 
 @checks.register("kumiko_workflows")

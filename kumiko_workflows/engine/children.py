@@ -27,7 +27,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.engine import wakeups
 from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import (
@@ -39,11 +38,22 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.projections import children as fan_in
 from kumiko_workflows.projections.children import group_of, parent_of
-from kumiko_workflows.steps import ChildSpec, Suspend, path_text
-from kumiko_workflows.store.events import append_event, engine_stream
-from kumiko_workflows.store.streams import CHILD_TIMEOUT, RunStream
-from kumiko_workflows.workflow.definition import registry, run_id_for
+from kumiko_workflows.store.events import append_event
+from kumiko_workflows.store.stream_ids import engine_stream
+from kumiko_workflows.store.streams import (
+    CHILD_FAILED,
+    CHILD_TIMEOUT,
+    INVALID_STEP_RESULT,
+    STEP_FAILED,
+    Failure,
+    RunStream,
+    raised,
+)
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.definition import Workflow, run_id_for
 from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.step_kind import ChildSpec, Suspend, path_text
 
 logger = logging.getLogger("kumiko_workflows.children")
 
@@ -52,6 +62,21 @@ _CALL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workf
 BATCH = 500
 
 Start = Callable[..., Any]
+_starter: list[Start] = []
+
+
+def set_starter(start: Start) -> None:
+    """How a child run is started (:func:`kumiko_workflows.engine.starts.start_run`).
+
+    Given by that module when it is imported (it imports the segments,
+    which start children: this breaks the cycle).
+    """
+    _starter[:] = [start]
+
+
+def starter() -> Start:
+    assert _starter, "kumiko_workflows.engine.starts sets the starter when it is imported"
+    return _starter[0]
 
 
 def group_name(ctx: Any, path: tuple[Any, ...]) -> str:
@@ -102,6 +127,8 @@ def run_children(
                 start(workflow, request, key=key, parent=parent)
         else:
             fill(ctx.tenant_id, ctx.run_id, group, start)
+        # Children that finished inline are counted at once: the step may go on.
+        _count_own(ctx.tenant_id, ctx.run_id, group)
         row = _group(ctx.tenant_id, ctx.run_id, group)
         assert row is not None, "the first request creates the group"
     if row.done:
@@ -174,9 +201,17 @@ def _request(
     return requests
 
 
+def _count_own(tenant_id: str, parent_run_id: Any, group: str) -> None:
+    """Count now the group's children that ended inline in this batch (no other batch's)."""
+    ends = fan_in.take_group(tenant_id, parent_run_id, group)
+    if ends:
+        fan_in.count_ends(tenant_id, {"run_id": parent_run_id, "group": group}, sorted(ends))
+
+
 def fill(tenant_id: str, parent_run_id: Any, group: str, start: Start) -> None:
     """Start the group's next children, in item order, while its window has room."""
     while True:
+        _count_own(tenant_id, parent_run_id, group)
         row = group_of(tenant_id, {"run_id": parent_run_id, "group": group})
         row = row.select_for_update().first()
         if row is None or row.closed or row.stopped or row.started >= row.total:
@@ -235,6 +270,39 @@ def outcomes(row: WorkflowChildGroup) -> list[dict[str, Any]]:
                 }
             )
     return found
+
+
+def child_failure(label: str, step: str, outcome: dict[str, Any], index: int | None) -> Failure:
+    """The failure of the step at ``step`` whose child (``index`` of a fan-out) did not complete."""
+    which = "its child run" if index is None else f"child run {index}"
+    status = outcome["status"]
+    why = f" ({outcome['reason']})" if outcome.get("reason") else ""
+    return Failure(
+        str(outcome.get("reason")) if status == "timed_out" else CHILD_FAILED,
+        step,
+        f"{label}: {which} {status}{why}",
+        error_class=outcome.get("error_class") or "",
+        detail=f"{label}: {which} {outcome['run_id']} {status}{why}",
+    )
+
+
+def result_of(workflow: Workflow, ctx: Any) -> Any:
+    """What a run returns to its parent: ``returns`` (a result name or a callable), else
+    the result of its last top-level step (None if that stores none)."""
+    returns = workflow.returns
+    if callable(returns):
+        try:
+            value = returns(ctx)
+        except Exception as exc:
+            raise raised(STEP_FAILED, "", "its returns callable raised", exc) from exc
+        try:
+            return to_json(value, "returns")
+        except NotJSON as exc:
+            raise Failure(
+                INVALID_STEP_RESULT, "", "its returns value is not JSON", detail=str(exc)
+            ) from None
+    name = returns if isinstance(returns, str) else workflow.steps[-1].result_name()
+    return None if name is None else ctx.steps.get(name)
 
 
 # --- the child's side: a reaction to its terminal event ------------------------------

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import (
@@ -35,9 +35,23 @@ from kumiko_workflows.store.streams import (
     set_last_error,
 )
 from kumiko_workflows.workflow import durations
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.step_kind import Suspend
 
 logger = logging.getLogger("kumiko_workflows.compensation")
+
+
+def kept(body: Callable[[], None]) -> None:
+    """Run ``body`` in a savepoint: rolled back if it raises, kept if it suspends the run."""
+    suspension: Suspend | None = None
+    with db.atomic():
+        try:
+            body()
+        except Suspend as suspended:
+            suspension = suspended
+    if suspension is not None:
+        raise suspension
 
 
 def plan(compensable: list[str], failure: dict[str, Any] | None, cancel: dict[str, Any] | None):

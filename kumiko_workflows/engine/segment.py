@@ -7,7 +7,8 @@ them (:class:`LazySavepoint`: none at all for steps that never query) and
 ``workflow.run-failed`` follows the opening event, so the transaction
 around the segment (the domain write that triggered the run, or the
 resume) still commits. Raw error text goes to the log and to the mutable
-``WorkflowRun.last_error``, never into an event.
+``WorkflowRun.last_error``, never into an event. Starting runs from their
+trigger events is :mod:`kumiko_workflows.engine.starts`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows import event_types, telemetry
+from kumiko_workflows import telemetry
 from kumiko_workflows.engine import children, compensation, wakeups
 from kumiko_workflows.exceptions import (
     InvalidEvent,
@@ -30,14 +30,9 @@ from kumiko_workflows.exceptions import (
     VersionConflict,
 )
 from kumiko_workflows.models import Event
-from kumiko_workflows.steps import ChildSpec, Step, Suspend, path_text
 from kumiko_workflows.store import db
 from kumiko_workflows.store.events import append_event
 from kumiko_workflows.store.streams import (
-    CHILD_FAILED,
-    FILTER_FAILED,
-    IDEMPOTENCY_KEY_FAILED,
-    INTERNAL_ERROR,
     INVALID_STEP_ARGUMENT,
     INVALID_STEP_RESULT,
     STEP_FAILED,
@@ -47,14 +42,10 @@ from kumiko_workflows.store.streams import (
     raised,
     set_last_error,
 )
-from kumiko_workflows.workflow.definition import (
-    CronTrigger,
-    EventTrigger,
-    Workflow,
-    registry,
-    run_id_for,
-)
-from kumiko_workflows.workflow.jsonvalues import NotJSON, text_problem, to_json
+from kumiko_workflows.workflow import event_types
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
+from kumiko_workflows.workflow.step_kind import ChildSpec, Step, Suspend, path_text
 
 logger = logging.getLogger("kumiko_workflows.runner")
 
@@ -171,13 +162,13 @@ class Executor:
             elif cursor.after:
                 start += 1
         for index in range(start, len(steps)):
-            step = steps[index]
+            step, path = steps[index], (*prefix, index)
             if self.workflow.compensates and not step.arms():
                 # Each step keeps its writes when a later one fails: the
                 # compensations undo them, so they must not vanish first.
-                kept(functools.partial(telemetry.run_step, self, step, (*prefix, index)))
+                compensation.kept(functools.partial(telemetry.run_step, self, step, path))
             else:
-                telemetry.run_step(self, step, (*prefix, index))
+                telemetry.run_step(self, step, path)
 
     def _descend(
         self, steps: Sequence[Step], prefix: tuple[Any, ...], start: int, arm: str, cursor: Cursor
@@ -244,21 +235,12 @@ class Executor:
             self.ctx.attempts[path_text(path)] = attempt
 
     def children(self, path: tuple[Any, ...], spec: ChildSpec) -> list[dict[str, Any]]:
-        return children.run_children(self, path, spec, start_run)
+        return children.run_children(self, path, spec, children.starter())
 
     def child_failed(
         self, path: tuple[Any, ...], outcome: dict[str, Any], index: int | None
     ) -> Exception:
-        which = "its child run" if index is None else f"child run {index}"
-        status = outcome["status"]
-        why = f" ({outcome['reason']})" if outcome.get("reason") else ""
-        return Failure(
-            str(outcome.get("reason")) if status == "timed_out" else CHILD_FAILED,
-            path_text(path),
-            f"{self._label(path)}: {which} {status}{why}",
-            error_class=outcome.get("error_class") or "",
-            detail=f"{self._label(path)}: {which} {outcome['run_id']} {status}{why}",
-        )
+        return children.child_failure(self._label(path), path_text(path), outcome, index)
 
     def compensable(self, path: tuple[Any, ...]) -> None:
         self.ctx.compensable.append(path_text(path))
@@ -280,7 +262,7 @@ class Executor:
         self.ctx.attempts[retry] = attempt
         suspended = False
         try:
-            kept(lambda: self._run_list(steps, prefix, cursor))
+            compensation.kept(lambda: self._run_list(steps, prefix, cursor))
         except Suspend:
             suspended = True  # a child run's wait: the attempt goes on at its resume
             raise
@@ -339,18 +321,6 @@ class Executor:
 
     def suspending_on_event(self) -> None:
         wakeups.suspended_on_event(self.ctx.tenant_id, self.ctx.run_id)
-
-
-def kept(body: Callable[[], None]) -> None:
-    """Run ``body`` in a savepoint: rolled back if it raises, kept if it suspends the run."""
-    suspension: Suspend | None = None
-    with db.atomic():
-        try:
-            body()
-        except Suspend as suspended:
-            suspension = suspended
-    if suspension is not None:
-        raise suspension
 
 
 class LazySavepoint:
@@ -485,30 +455,11 @@ def _complete(workflow: Workflow, stream: RunStream, ctx: RunContext) -> None:
     }
     if ctx.parent is not None:
         # What the parent's call_workflow or fan_out step receives.
-        payload["result"] = result_of(workflow, ctx)
+        payload["result"] = children.result_of(workflow, ctx)
     try:
         stream.append(event_types.RUN_COMPLETED, payload)
     except InvalidEvent:
         stream.append(event_types.RUN_COMPLETED, {**payload, "state": None})
-
-
-def result_of(workflow: Workflow, ctx: RunContext) -> Any:
-    """What a run returns to its parent: ``returns`` (a result name or a callable), else
-    the result of its last top-level step (None if that stores none)."""
-    returns = workflow.returns
-    if callable(returns):
-        try:
-            value = returns(ctx)
-        except Exception as exc:
-            raise raised(STEP_FAILED, "", "its returns callable raised", exc) from exc
-        try:
-            return to_json(value, "returns")
-        except NotJSON as exc:
-            raise Failure(
-                INVALID_STEP_RESULT, "", "its returns value is not JSON", detail=str(exc)
-            ) from None
-    name = returns if isinstance(returns, str) else workflow.steps[-1].result_name()
-    return None if name is None else ctx.steps.get(name)
 
 
 def _suspend(workflow: Workflow, stream: RunStream, ctx: RunContext, suspension: Suspend) -> None:
@@ -546,222 +497,3 @@ def fail_opened(
     """Append ``opening``, then ``workflow.run-failed``: a segment failed before any step ran."""
     stream.append(*opening)
     return fail_run(stream, failure, state=state, retry_from=retry_from, suspension=suspension)
-
-
-# --- starting runs from trigger events --------------------------------------
-
-
-def _idempotency_key(workflow: Workflow, event: Event) -> str:
-    if isinstance(workflow.trigger, CronTrigger):
-        # A cron run is keyed by its slot instant (kumiko_workflows.cron), so
-        # schedulers that fire the same slot address the same run; a run
-        # fired outside the slots, by the key its caller gave.
-        if event.type == event_types.SCHEDULE_FIRED_NOW:
-            return str(event.payload["idempotency_key"])
-        return str(event.payload["slot"])
-    key = workflow.idempotency_key
-    if key is None:
-        return uuid.uuid4().hex
-    if callable(key):
-        key = key(event)
-    if isinstance(key, bool) or not isinstance(key, str | int | uuid.UUID):
-        raise TypeError(f"idempotency_key returned {key!r}; return a string")
-    return str(key)
-
-
-_in_worker: ContextVar[bool] = ContextVar("kumiko_start_in_worker", default=False)
-
-
-@contextmanager
-def start_in_worker() -> Iterator[None]:
-    """Queue the runs that appends inside the block start, as ``start="worker"`` does.
-
-    For one call where the workflow's default is to start inline: a web
-    request appends its trigger and returns without running any step; a
-    worker (woken by NOTIFY on PostgreSQL) runs them right after the commit.
-    """
-    token = _in_worker.set(True)
-    try:
-        yield
-    finally:
-        _in_worker.reset(token)
-
-
-#: The longest search key a run keeps (``WorkflowRun.search_key``).
-SEARCH_KEY_LENGTH = 200
-
-
-def search_key_of(workflow: Workflow, event: Event) -> str:
-    """What the admin's search finds the run by: the workflow's ``search_key(event)``.
-
-    A search key only helps people find a run, so a callable that raises or
-    returns something unusable is logged and the run goes on without one.
-    """
-    assert workflow.search_key is not None
-    try:
-        value = workflow.search_key(event)
-    except Exception:
-        logger.exception(
-            "workflow=%s trigger_event=%s search_key raised; the run has no search key",
-            workflow.name,
-            event.id,
-        )
-        return ""
-    if value is None:
-        return ""
-    problem = None
-    if isinstance(value, bool) or not isinstance(value, str | int | uuid.UUID):
-        problem = f"returned {type(value).__name__}, not a string"
-    else:
-        value = str(value)
-        if len(value) > SEARCH_KEY_LENGTH:
-            problem = f"returned {len(value)} characters, over {SEARCH_KEY_LENGTH}"
-        else:
-            problem = text_problem(value, controls=False)
-    if problem:
-        logger.error(
-            "workflow=%s trigger_event=%s search_key %s; the run has no search key",
-            workflow.name,
-            event.id,
-            problem,
-        )
-        return ""
-    return value
-
-
-@telemetry.traced_start
-def start_run(
-    workflow: Workflow,
-    event: Event,
-    *,
-    now: datetime | None = None,
-    key: str | None = None,
-    parent: dict[str, Any] | None = None,
-) -> uuid.UUID | None:
-    """Start one run of ``workflow`` for ``event``: run it inline until it suspends, or queue it.
-
-    A workflow defined with ``start="worker"`` (or a trigger appended inside
-    :func:`start_in_worker`) is queued: ``workflow.run-queued`` makes it due
-    at its first step at once, for a worker.
-
-    A child run (``call_workflow``, ``fan_out``) is started with its ``key``
-    (derived from its parent's run and step) and its ``parent``
-    ({"run_id", "group", "index"}), recorded in its ``run-started``.
-
-    Returns the run id, or None when the filter declined or the run already
-    existed. Never raises for a failing workflow: invariant 3.
-    """
-    filter_error: Failure | None = None
-    trigger = workflow.trigger
-    if key is not None:
-        pass  # a child run: its parent asked for it, no filter applies
-    elif isinstance(trigger, EventTrigger) and trigger.filter is not None:
-        try:
-            if not trigger.filter(event):
-                return None
-        except Exception as exc:
-            filter_error = raised(FILTER_FAILED, "", "the trigger filter raised", exc)
-    try:
-        if key is None:
-            key = _idempotency_key(workflow, event)
-    except Exception as exc:
-        key = uuid.uuid4().hex
-        filter_error = filter_error or raised(
-            IDEMPOTENCY_KEY_FAILED, "", "the idempotency_key callable raised", exc
-        )
-    run_id = run_id_for(workflow.name, key, event.tenant_id)
-    started = {
-        "workflow_name": workflow.name,
-        "workflow_version": workflow.version,
-        "definition_fingerprint": workflow.fingerprint,
-        "step_fingerprints": workflow.step_fingerprints,
-        "idempotency_key": key,
-        "trigger_event_id": event.id,
-    }
-    if workflow.search_key is not None:  # else the idempotency key is the search key
-        started["search_key"] = search_key_of(workflow, event)
-    if parent is not None:
-        started["parent"] = parent
-    # Every append below happens in an atomic block that an error unwinds.
-    stream = RunStream(
-        run_id, event.tenant_id, workflow.name, 0, workflow.fingerprint, event.id, savepoint=False
-    )
-    stream.parent = parent
-    opening = (event_types.RUN_STARTED, started)
-    fresh = stream.mark()
-    try:
-        # One savepoint for the whole start: an error in the engine's own
-        # writes takes them all back, and the domain write still commits.
-        with db.atomic():
-            if filter_error is not None:
-                fail_opened(stream, opening, filter_error, state=None, retry_from=None)
-            elif workflow.start == "worker" or _in_worker.get():
-                stream.append(*opening)
-                stream.append(
-                    event_types.RUN_QUEUED,
-                    {
-                        "step": "0",
-                        "workflow_name": workflow.name,
-                        "workflow_version": workflow.version,
-                        "definition_fingerprint": workflow.fingerprint,
-                        "trigger_event_id": event.id,
-                        "state": telemetry.carry(
-                            {"results": {}, "awaited": {}, **({"parent": parent} if parent else {})}
-                        ),
-                    },
-                )
-            else:
-                ctx = RunContext(
-                    run_id=run_id,
-                    workflow_name=workflow.name,
-                    tenant_id=event.tenant_id,
-                    event=event,
-                    now=now,
-                    parent=parent,
-                )
-                run_segment(workflow, stream, ctx, None, opening)
-        return run_id
-    except VersionConflict:
-        telemetry.conflict("start")
-        logger.info(
-            "workflow=%s key=%s tenant=%s run=%s exists already; trigger event %s ignored",
-            workflow.name,
-            key,
-            event.tenant_id,
-            run_id,
-            event.id,
-        )
-        return None
-    except Exception as exc:
-        # Our own bookkeeping failed (not a step: those are recorded above).
-        # The domain write must still commit, so record what we can.
-        logger.exception(
-            "workflow=%s trigger_event=%s run=%s could not be started",
-            workflow.name,
-            event.id,
-            run_id,
-        )
-        stream.rewind(fresh)  # the failed block's appends were rolled back
-        failure = Failure(
-            INTERNAL_ERROR,
-            "",
-            f"starting the run raised {type(exc).__name__}",
-            error_class=type(exc).__name__,
-            detail=str(exc),
-        )
-        try:
-            with db.atomic():
-                fail_opened(stream, opening, failure, state=None, retry_from=None)
-        except Exception:
-            logger.exception(
-                "workflow=%s run=%s failure could not be recorded", workflow.name, run_id
-            )
-        return run_id
-
-
-def trigger_projection(event: Event, replaying: bool) -> None:
-    """Start a run of each workflow triggered by ``event``'s type."""
-    if replaying:
-        return
-    for workflow in registry.triggered_by(event.type):
-        start_run(workflow, event)

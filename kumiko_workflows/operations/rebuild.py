@@ -26,7 +26,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
     WorkflowWaitKey,
 )
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.dispatch import registry as projection_registry
 
 #: Events replayed per query; each batch is read in full before it is replayed.
@@ -160,7 +160,7 @@ def rebuild(
     result lists the rows that differed.
     """
     with db.atomic():
-        db.lock_projection_tables()
+        statements.lock_projection_tables()
         before_runs, before_pending, before_keys = _snapshot()
         before_groups = _groups()
         errors = list(

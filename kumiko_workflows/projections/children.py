@@ -21,8 +21,8 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils.dateparse import parse_datetime
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowChildGroup
+from kumiko_workflows.workflow import event_types as et
 
 #: The event types this projection reads.
 HANDLED = frozenset({et.CALL_REQUESTED, et.RUN_STARTED, *et.TERMINAL, et.COMPENSATION_SCHEDULED})
@@ -64,6 +64,14 @@ def take() -> dict[tuple[str, str, str], list[tuple[int, bool]]]:
     taken = dict(seen)
     seen.clear()
     return taken
+
+
+def take_group(tenant_id: str, parent_run_id: Any, group: str) -> list[tuple[int, bool]]:
+    """The ends of one group seen so far in the batch (forgotten here)."""
+    seen = _batch.get()
+    if not seen:
+        return []
+    return seen.pop((tenant_id, str(parent_run_id), group), [])
 
 
 def count_ends(tenant_id: str, parent: dict[str, Any], ends: list[tuple[int, bool]]) -> None:
