@@ -491,3 +491,19 @@ def test_a_rerun_of_a_parent_starts_fresh_children(past):
     assert first.run_id != second.run_id
     assert second.parent_group == "0@rerun:1"
     assert status(parent) == "failed" and second.status == "failed"  # it fails the same way
+
+
+@pytest.mark.django_db
+def test_a_call_that_times_out_fails_the_step_and_cancels_the_child():
+    from kumiko_workflows.testing import VirtualClock
+
+    with VirtualClock() as clock:
+        event = trigger("t.call-timeout")
+        parent = run_id_for("t-parent-timeout", event.payload["run_key"])
+        [child] = children_of(parent)
+        clock.advance("PT1H")
+    run = WorkflowRun.objects.get(run_id=parent)
+    assert (run.status, run.failure_reason) == ("failed", "child_timeout")
+    child.refresh_from_db()
+    assert child.status == "cancelled"
+    assert "timed out" in run_events(child.run_id)[-1].payload["reason"]

@@ -134,9 +134,8 @@ def run_children(
     if row.done:
         return outcomes(row)
     if row.timeout_at is not None and executor.now >= row.timeout_at:
-        # Given up on: the unfinished children are cancelled with the step's failure.
-        ids = [r.run_id for r in _unfinished(row.tenant_id, [row.parent_run_id], row.group)]
-        cancel_tree(row.tenant_id, lock_tree(row.tenant_id, ids), "its parent's step timed out", "")
+        # Given up on: the step fails (its writes roll back), and the run's
+        # failure cancels the unfinished children (on_parent_failed).
         outcome = {
             "run_id": str(row.parent_run_id),
             "status": "timed_out",
@@ -312,9 +311,17 @@ def on_child_finished(event: Event, replaying: bool, start: Start) -> None:
     """A child run ended: start the next child of its group, or wake its parent (once).
 
     In a worker's batch, once for its group at the batch's end instead
-    (:func:`count_batch`).
+    (:func:`count_batch`). A run that failed because its children timed out
+    cancels those still unfinished, in its failure's transaction.
     """
-    if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE or fan_in.batching():
+    if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE:
+        return
+    if event.type == et.RUN_FAILED and event.payload.get("reason") == CHILD_TIMEOUT:
+        ids = [r.run_id for r in _unfinished(event.tenant_id, [event.aggregate_id])]
+        if ids:
+            tree = lock_tree(event.tenant_id, ids)
+            cancel_tree(event.tenant_id, tree, "its parent's step timed out", "")
+    if fan_in.batching():
         return
     parent = parent_of(event)
     if parent is None:

@@ -317,3 +317,11 @@ reminders = define_workflow(
         steps.compute("outcome", outcome),
     ],
 )
+
+
+parent_timeout = define_workflow(
+    name="t-parent-timeout",
+    trigger=on_event("t.call-timeout"),
+    idempotency_key=run_key,
+    steps=[steps.call_workflow("child", workflow=grand_leaf, timeout="PT1H")],
+)
