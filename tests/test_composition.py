@@ -507,3 +507,28 @@ def test_a_call_that_times_out_fails_the_step_and_cancels_the_child():
     child.refresh_from_db()
     assert child.status == "cancelled"
     assert "timed out" in run_events(child.run_id)[-1].payload["reason"]
+
+
+@pytest.mark.django_db
+def test_a_purged_parent_takes_its_childrens_requests_and_fan_in_and_a_child_waits_for_it(past):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from kumiko_workflows.operations.purge import purge_runs
+
+    event = trigger("t.fan-collect", count=3, wait_until=past)
+    parent = run_id_for("t-parent-fan-collect", event.payload["run_key"])
+    drain()
+    children = [c.run_id for c in children_of(parent)]
+    later = timezone.now() + timedelta(days=1)
+    # A child alone is kept while its parent stays.
+    report = purge_runs("P0D", now=later, run_ids=children[:1])
+    assert report.runs == 0 and WorkflowRun.objects.filter(run_id=children[0]).exists()
+    purge_runs("P0D", now=later, run_ids=[parent, *children])
+    assert not WorkflowRun.objects.filter(run_id__in=[parent, *children]).exists()
+    assert not WorkflowChildGroup.objects.filter(parent_run_id=parent).exists()
+    assert not Event.objects.filter(
+        aggregate_type=et.CALL_AGGREGATE_TYPE, metadata__parent_run_id=str(parent)
+    ).exists()
+    assert_rebuilds()
