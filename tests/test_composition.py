@@ -532,3 +532,39 @@ def test_a_purged_parent_takes_its_childrens_requests_and_fan_in_and_a_child_wai
         aggregate_type=et.CALL_AGGREGATE_TYPE, metadata__parent_run_id=str(parent)
     ).exists()
     assert_rebuilds()
+
+
+def _noted(ctx):
+    return "noted"
+
+
+@pytest.mark.django_db
+def test_a_parent_moved_to_another_version_waits_for_the_same_child(past):
+    from kumiko_workflows.engine.versions import migrate_workflow_runs
+    from kumiko_workflows.workflow.registry import registry
+
+    def version(number, before=(), **kwargs):
+        return define_workflow(
+            name="t-compose-moving",
+            trigger=on_event("t.compose-moving"),
+            idempotency_key=cw.run_key,
+            version=number,
+            steps=[
+                *before,
+                steps.call_workflow("child", workflow=cw.child_double, input=cw.call_input),
+            ],
+            register=False,
+            **kwargs,
+        )
+
+    one = version(1)
+    two = version(2, [steps.compute("note", _noted)], migrates_from={1: {"0": "1"}})
+    with registry.override(one):
+        event = trigger("t.compose-moving", n=6, wait_until=past)
+    parent = run_id_for("t-compose-moving", event.payload["run_key"])
+    with registry.override(one, two):
+        migrate_workflow_runs("t-compose-moving", 1, 2)
+        drain()
+    [child] = children_of(parent)  # no second child was started at step 1
+    assert status(parent) == "completed"
+    assert results(parent)["child"] == {"doubled": 12}

@@ -110,6 +110,8 @@ def run_children(
     """:meth:`Execution.children`: start the step's children once, then wait for them all."""
     ctx = executor.ctx
     group = group_name(ctx, path)
+    if ctx.resumed_group is not None and ctx.resumed_group[0] == path_text(path):
+        group = ctx.resumed_group[1]  # the group its suspension named
     row = _group(ctx.tenant_id, ctx.run_id, group)
     if row is None:
         if registry.get(spec.workflow) is None:

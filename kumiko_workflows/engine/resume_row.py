@@ -178,6 +178,10 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
             state.get("compensable") if isinstance(state.get("compensable"), list) else None
         ),
     )
+    if row.suspension_type == SuspensionType.CHILDREN:
+        # The children it waits for, whatever its step is called now (a run
+        # moved to another version waits at another position, for the same).
+        ctx.resumed_group = (row.step, row.awaits_key)
     if row.suspension_type == SuspensionType.COMPENSATE:
         return compensation.compensate(workflow, stream, ctx, state, opening, now), True
     if row.suspension_type == SuspensionType.EVENT:

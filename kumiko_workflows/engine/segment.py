@@ -84,8 +84,10 @@ class RunContext:
         self.parent = parent
         #: The attempt of each retry whose body the run is inside, by its position.
         self.attempts: dict[str, int] = dict(attempts or {})
-        #: Positions of the finished steps with a compensation, in the order they finished.
+        #: Positions of the finished steps with a compensation, in order; and the
+        #: (step, group) of the child runs a resumed run waits for.
         self.compensable: list[str] = list(compensable or [])
+        self.resumed_group: tuple[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"<RunContext {self.workflow_name} {self.run_id}>"
@@ -229,9 +231,8 @@ class Executor:
         return int(self.ctx.attempts.get(path_text(path), 1))
 
     def set_attempt(self, path: tuple[Any, ...], attempt: int | None) -> None:
-        if attempt is None:
-            self.ctx.attempts.pop(path_text(path), None)
-        else:
+        self.ctx.attempts.pop(path_text(path), None)
+        if attempt is not None:
             self.ctx.attempts[path_text(path)] = attempt
 
     def children(self, path: tuple[Any, ...], spec: ChildSpec) -> list[dict[str, Any]]:

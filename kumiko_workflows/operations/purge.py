@@ -412,7 +412,7 @@ def _purge_children_requests(tenant: str, ids: list[uuid.UUID], writer: Archive 
             for index in range(group.total)
         ]
         for batch in _chunks(requests):
-            removed += _delete_events(tenant, batch, writer, et.CALL_AGGREGATE_TYPE)
+            removed += _delete_events(tenant, list(batch), writer, et.CALL_AGGREGATE_TYPE)
         groups.delete()
     return removed
 
