@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from kumiko_workflows.engine import wakeups
@@ -120,17 +121,22 @@ def run_children(
         if not inputs:
             return []
         requests = _request(executor, path, group, spec, inputs)
-        if spec.max_concurrency is None:
-            # All at once: no window to read between the starts.
-            workflow = registry.get(spec.workflow)
-            for index, request in enumerate(requests):
-                key = child_key(ctx.run_id, group, index)
-                parent = {"run_id": str(ctx.run_id), "group": group, "index": index}
-                start(workflow, request, key=key, parent=parent)
-        else:
-            fill(ctx.tenant_id, ctx.run_id, group, start)
-        # Children that finished inline are counted at once: the step may go on.
-        _count_own(ctx.tenant_id, ctx.run_id, group)
+        # Children that finish inline are counted together (one UPDATE of the
+        # group's row, not one per child), at once: the step may go on.
+        own_batch = not fan_in.batching()
+        with fan_in.batched() if own_batch else nullcontext():
+            if spec.max_concurrency is None:
+                # All at once: no window to read between the starts.
+                workflow = registry.get(spec.workflow)
+                for index, request in enumerate(requests):
+                    key = child_key(ctx.run_id, group, index)
+                    parent = {"run_id": str(ctx.run_id), "group": group, "index": index}
+                    start(workflow, request, key=key, parent=parent)
+            else:
+                fill(ctx.tenant_id, ctx.run_id, group, start)
+            _count_own(ctx.tenant_id, ctx.run_id, group)
+            if own_batch:
+                count_batch(start)  # other groups' ends (grandchildren), as a batch's
         row = _group(ctx.tenant_id, ctx.run_id, group)
         assert row is not None, "the first request creates the group"
     if row.done:

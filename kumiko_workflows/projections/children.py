@@ -118,6 +118,9 @@ def project_children(event: Event, replaying: bool) -> None:
                     step=meta["step"],
                     workflow_name=meta["workflow"],
                     total=meta["total"],
+                    # Without a window every child starts with the step: counted
+                    # at once, not one UPDATE of this row per start.
+                    started=meta["total"] if meta.get("max_concurrency") is None else 0,
                     max_concurrency=meta.get("max_concurrency"),
                     on_child_failure=meta.get("on_child_failure", "fail"),
                     on_cancel=meta.get("on_cancel", "cancel"),
@@ -142,7 +145,8 @@ def project_children(event: Event, replaying: bool) -> None:
     if parent is None:
         return
     if kind == et.RUN_STARTED:
-        group_of(event.tenant_id, parent).update(started=F("started") + 1)
+        windowed = group_of(event.tenant_id, parent).filter(max_concurrency__isnull=False)
+        windowed.update(started=F("started") + 1)
     elif kind in et.TERMINAL:
         failed = kind != et.RUN_COMPLETED
         seen = None if replaying else _batch.get()
