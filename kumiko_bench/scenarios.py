@@ -657,7 +657,6 @@ class Bench:
         a run (the framework's TaskResult, its signals, the attempt row).
         """
         from kumiko_workflows.conf import workflow_settings
-        from kumiko_workflows.store.events import append_event
 
         n = self.size("tasks")
         enqueue_times: list[float] = []
@@ -682,14 +681,7 @@ class Bench:
                     raise RuntimeError(f"tasks: {done} of {n} tasks completed")
                 task_times.append(seconds)
                 self.fresh_database()
-                for _ in range(n):
-                    append_event(
-                        uuid.uuid4(),
-                        SOURCE,
-                        ONE_STEP_TRIGGER,
-                        {"key": uuid.uuid4().hex},
-                        tenant_id=self.tenant,
-                    )
+                self.seed_one_step_runs(n)
                 seconds, _reports = self.go(self.start_workers("drain", 1))
                 done = WorkflowRun.objects.filter(
                     tenant_id=self.tenant, status=RunStatus.COMPLETED
@@ -702,6 +694,19 @@ class Bench:
         self._ratio_result(
             "tasks", n, task_times, run_times, "kumiko one-step runs, 1 worker", note="execute"
         )
+
+    def seed_one_step_runs(self, n: int) -> None:
+        """``n`` runs of the one-step workflow, queued for a worker, each by its own trigger."""
+        from kumiko_workflows.store.events import append_event
+
+        for _ in range(n):
+            append_event(
+                uuid.uuid4(),
+                SOURCE,
+                ONE_STEP_TRIGGER,
+                {"key": uuid.uuid4().hex},
+                tenant_id=self.tenant,
+            )
 
     def scenario_fan_out(self) -> None:
         """One parent with N children, 2 workers, beside N independent runs drained alike.
@@ -746,14 +751,7 @@ class Bench:
             procs = self.start_workers("drain", 2)
             started = time.perf_counter()
             with transaction.atomic():
-                for _ in range(n):
-                    append_event(
-                        uuid.uuid4(),
-                        SOURCE,
-                        ONE_STEP_TRIGGER,
-                        {"key": uuid.uuid4().hex},
-                        tenant_id=self.tenant,
-                    )
+                self.seed_one_step_runs(n)
             self.go(procs)
             run_times.append(time.perf_counter() - started)
             done = WorkflowRun.objects.filter(
