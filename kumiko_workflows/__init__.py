@@ -22,6 +22,8 @@ _EXPORTS = {
     "on_cron": "kumiko_workflows.workflow.cron",
     "on_call": "kumiko_workflows.workflow.triggers",
     "run_id_for": "kumiko_workflows.workflow.definition",
+    "Limit": "kumiko_workflows.workflow.limits",
+    "Rate": "kumiko_workflows.workflow.limits",
     "steps": "kumiko_workflows.steps",
     "match": "kumiko_workflows.match",
     "event_types": "kumiko_workflows.event_types",
@@ -34,6 +36,7 @@ _EXPORTS = {
     "VersionConflict": "kumiko_workflows.exceptions",
     "AppendOnlyError": "kumiko_workflows.exceptions",
     "CrossDatabaseTransaction": "kumiko_workflows.exceptions",
+    "OutboxNotMigrated": "kumiko_workflows.exceptions",
     "WorkflowDefinitionError": "kumiko_workflows.exceptions",
     "InvalidDuration": "kumiko_workflows.exceptions",
     "InvalidMatchExpression": "kumiko_workflows.exceptions",
@@ -76,7 +79,10 @@ __all__ = [
     "InvalidDuration",
     "InvalidEvent",
     "InvalidMatchExpression",
+    "Limit",
     "MigrationRefused",
+    "OutboxNotMigrated",
+    "Rate",
     "RunContext",
     "RunNotFound",
     "RunNotRerunnable",
@@ -140,6 +146,7 @@ if TYPE_CHECKING:  # pragma: no cover
         InvalidEvent,
         InvalidMatchExpression,
         MigrationRefused,
+        OutboxNotMigrated,
         RunNotFound,
         RunNotRerunnable,
         RunNotRetryable,
@@ -153,6 +160,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiko_workflows.store.stream_ids import stream_id_for
     from kumiko_workflows.workflow.cron import on_cron
     from kumiko_workflows.workflow.definition import define_workflow, run_id_for
+    from kumiko_workflows.workflow.limits import Limit, Rate
     from kumiko_workflows.workflow.triggers import on_call, on_event
 
 

@@ -17,6 +17,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
             children,
             deploys,
+            limits,
             purged_runs,
             starts,
             transitions,
@@ -24,6 +25,7 @@ class KumikoWorkflowsConfig(AppConfig):
         )
         from kumiko_workflows.models import Event
         from kumiko_workflows.projections import children as children_projection
+        from kumiko_workflows.projections import limits as limit_slots
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
         from kumiko_workflows.workflow.registry import registry as workflows
@@ -47,10 +49,17 @@ class KumikoWorkflowsConfig(AppConfig):
                 builtin=True,
             )
             projections.register(
+                "kumiko_workflows.limits",
+                limit_slots.HANDLED,
+                limit_slots.project_limits,
+                order=25,
+                builtin=True,
+            )
+            projections.register(
                 "kumiko_workflows.children",
                 children_projection.HANDLED,
                 children_projection.project_children,
-                order=25,
+                order=26,
                 builtin=True,
             )
             # The reactions append run events: a replay replays those, not them.
@@ -77,6 +86,14 @@ class KumikoWorkflowsConfig(AppConfig):
                 workflows.is_trigger,
                 starts.trigger_projection,
                 order=40,
+                replay=False,
+                builtin=True,
+            )
+            projections.register(
+                "kumiko_workflows.slot_release",
+                frozenset(et.TERMINAL),
+                limits.release_on_end,
+                order=45,
                 replay=False,
                 builtin=True,
             )

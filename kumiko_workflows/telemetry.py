@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from django.utils import timezone
 
 from kumiko_workflows import __version__
-from kumiko_workflows.store import claims, db
+from kumiko_workflows.store import claims, db, slots
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.step_kind import Suspend, path_text
@@ -125,6 +125,13 @@ class _Instruments:
             [_observe_due],
             runs,
             f"Due runs waiting for a worker, per tenant (counted up to {BACKLOG_CAP:,})",
+        )
+        meter.create_observable_gauge(
+            "kumiko.runs.queued",
+            [_observe_queued],
+            runs,
+            "Runs a flow-control limit holds back, per tenant and kind "
+            "(limited: queued for a concurrency slot; rate: waiting for the rate limit)",
         )
 
 
@@ -429,20 +436,33 @@ def worker_error(kind: str) -> None:
 
 def _observe_due(options: Any) -> Iterable[Any]:
     """Due rows per tenant, read when a metric reader collects (a scrape, an export)."""
+    rows = _read("due backlog", lambda: claims.due_backlog(timezone.now(), BACKLOG_CAP))
+    return [metrics.Observation(count, {TENANT: tenant}) for tenant, count in rows]
+
+
+def _observe_queued(options: Any) -> Iterable[Any]:
+    """Runs held back by a concurrency or rate limit, per tenant and kind, read when collected."""
+    return [
+        metrics.Observation(count, {TENANT: tenant, SUSPENSION: kind})
+        for tenant, kind, count in _read("queued runs", slots.held_back_by_tenant)
+    ]
+
+
+def _read(what: str, query: Callable[[], list[Any]]) -> list[Any]:
+    """A gauge's rows, or none: a collecting thread's failure never reaches the reader."""
     connection = db.engine()
     opened = connection.connection is None
     try:
-        rows = claims.due_backlog(timezone.now(), BACKLOG_CAP)
+        return query()
     except Exception as exc:
         # The reader's thread may have no usable connection (or none allowed):
         # no observation this time, and the reader carries on.
-        logger.warning("due backlog not observed: %s", type(exc).__name__)
+        logger.warning("%s not observed: %s", what, type(exc).__name__)
         return []
     finally:
         # A reader's thread (an exporter's, a scrape's) must not keep a connection open.
         if opened and not connection.in_atomic_block:
             connection.close()
-    return [metrics.Observation(count, {TENANT: tenant}) for tenant, count in rows]
 
 
 #: The instruments of the global providers (which may be set later: they follow).

@@ -495,3 +495,15 @@ def test_the_docs_prometheus_snippet_serves_the_metrics():
     sample("kumiko_resume_lag_seconds_count", "1.0", workflow="t-wait")
     sample("kumiko_step_duration_seconds_count", "2.0", workflow="t-wait", step="0")
     sample("kumiko_runs_due", "1.0", tenant="acme")
+
+
+@pytest.mark.django_db
+def test_the_queued_gauge_counts_the_runs_a_limit_holds_back(otel, future):
+    from kumiko_workflows import resume_due_runs
+
+    for _ in range(3):
+        trigger("t.limit-active", key="k", **{"for": future})
+    resume_due_runs()  # two hold the key's slots, one queues
+
+    assert otel.value("kumiko.runs.queued", tenant="default", suspension="limited") == 1
+    assert otel.value("kumiko.runs.queued", tenant="default", suspension="rate") == 0

@@ -86,6 +86,9 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     @admin.display(description="due")
     def due(self, row: WorkflowRunPending) -> str:
         """Due or not yet, and for how long or until when (words, not a red cross)."""
+        if row.wake_at is None and row.queued_at is not None:
+            key = f" of key {row.limit_key!r}" if row.limit_key else ""
+            return f"queued for a concurrency slot{key}"
         if row.wake_at is None:
             return "on the event (no deadline)"
         delta = clock.now() - row.wake_at
@@ -96,7 +99,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     @admin.display(description="late by")
     def lateness(self, row: WorkflowRunPending) -> str:
         if row.wake_at is None:
-            return "— (no deadline)"
+            return "— (queued for a slot)" if row.queued_at is not None else "— (no deadline)"
         delta = clock.now() - row.wake_at
         if delta.total_seconds() >= 0:
             return humanize(delta)

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from kumiko_workflows import telemetry
-from kumiko_workflows.engine import compensation, deploys
+from kumiko_workflows.engine import compensation, deploys, limits
 from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
 from kumiko_workflows.engine.wakeups import (
     event_ending,
@@ -26,6 +26,7 @@ from kumiko_workflows.store.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
     INVALID_PENDING_ROW,
+    LIMIT_KEY_FAILED,
     TRIGGER_EVENT_UNAVAILABLE,
     Failure,
     RunStream,
@@ -160,6 +161,25 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         )
         return "failed", True
     assert trigger is not None
+    admission = limits.ADMITTED
+    if workflow.limited:
+        try:
+            admission = limits.admit(workflow, row, stream, trigger, now)
+        except limits.UnusableKey as exc:
+            fail_opened(
+                stream,
+                opening,
+                Failure(LIMIT_KEY_FAILED, row.step, str(exc), detail=repr(exc.__cause__ or exc)),
+                state=state,
+                retry_from=row.step,
+                suspension=suspensions.standing(row),
+            )
+            return "failed", True
+        if not admission.admitted:
+            # Queued for a slot, or waits for its rate (an "executing" slot
+            # it took frees with this transaction: offered on).
+            limits.after_segment(row.tenant_id, workflow.name, admission)
+            return "suspended", False
 
     steps = dict(state.get("results") or {})
     for key, event_id in awaited.items():
@@ -200,4 +220,6 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         cursor = Cursor((len(workflow.steps),), after=False)
     # A move onto an edited definition is appended on its own: its status write comes first.
     held = moved_from is None
-    return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held), True
+    outcome = run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held)
+    limits.after_segment(row.tenant_id, workflow.name, admission)
+    return outcome, True

@@ -186,7 +186,9 @@ def start_run(
         with db.atomic():
             if filter_error is not None:
                 fail_opened(stream, opening, filter_error, state=None, retry_from=None)
-            elif workflow.start == "worker" or _in_worker.get():
+            elif workflow.start == "worker" or workflow.limited or _in_worker.get():
+                # A limited workflow's segments, its first included, are
+                # admitted by a worker (engine/limits).
                 stream.append(*opening)
                 stream.append(
                     event_types.RUN_QUEUED,

@@ -6,7 +6,11 @@ and ``WorkflowRunPending`` (one row per suspended step: when it is due,
 :mod:`~kumiko_workflows.models.pending`) are projections:
 ``rebuild_workflow_projections`` recreates them from the events. The
 engine's bookkeeping (tombstones, heartbeats, the signals' outbox, deployed
-definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`.
+definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`;
+the outbox on the site's databases and its relays' records,
+:mod:`~kumiko_workflows.models.outbox`; the flow-control slots
+(``LimitSlot``, ``RateSlot``, projections too),
+:mod:`~kumiko_workflows.models.limits`.
 Django finds every model here, as ``kumiko_workflows.models``.
 """
 
@@ -21,6 +25,8 @@ from kumiko_workflows.models.bookkeeping import (
 )
 from kumiko_workflows.models.children import WorkflowChildGroup
 from kumiko_workflows.models.events import Event, EventQuerySet
+from kumiko_workflows.models.limits import LimitSlot, RateSlot
+from kumiko_workflows.models.outbox import OutboxEntry, RelayedAppend
 from kumiko_workflows.models.pending import (
     KEYED_BATCH,
     WakeCheck,
@@ -38,11 +44,15 @@ from kumiko_workflows.models.runs import (
 
 __all__ = [
     "KEYED_BATCH",
+    "LimitSlot",
     "SETTLED_STATUSES",
     "DeployedDefinition",
     "Event",
     "EventQuerySet",
+    "OutboxEntry",
     "PurgedRun",
+    "RateSlot",
+    "RelayedAppend",
     "RunStatus",
     "SignalDelivery",
     "SuspensionType",

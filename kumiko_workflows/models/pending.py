@@ -124,6 +124,18 @@ class WorkflowRunPending(models.Model):
         help_text="Passes in a row whose resume of this row raised; "
         "KUMIKO_WORKFLOWS['MAX_RESUME_ERRORS'] of them fail the run.",
     )
+    limit_key = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The concurrency limit's key a run queued for a slot waits under.",
+    )
+    queued_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the run first queued for a concurrency slot: the queue's order.",
+    )
 
     objects = WorkflowRunPendingQuerySet.as_manager()
 
@@ -139,6 +151,12 @@ class WorkflowRunPending(models.Model):
                 fields=["tenant_id", "wait_event_type"],
                 condition=Q(match_scan=True),
                 name="kw_pending_scan",
+            ),
+            # The queue of one limit's key, oldest first (engine/limits).
+            models.Index(
+                fields=["tenant_id", "workflow_name", "limit_key", "queued_at", "id"],
+                condition=Q(queued_at__isnull=False, wake_at__isnull=True),
+                name="kw_pending_slot_queue",
             ),
         ]
         verbose_name = "pending workflow run"

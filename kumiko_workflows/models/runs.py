@@ -26,6 +26,8 @@ class SuspensionType(models.TextChoices):
     QUEUED = "queued", "queued to start"
     CHILDREN = "children", "child runs"
     COMPENSATE = "compensate", "compensating"
+    LIMITED = "limited", "queued for a concurrency slot"
+    RATE = "rate", "waiting for its rate limit"
 
 
 class WorkflowRunQuerySet(models.QuerySet):

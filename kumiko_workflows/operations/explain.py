@@ -25,6 +25,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.store import slots
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, suspensions
 from kumiko_workflows.workflow.registry import registry
@@ -189,6 +190,26 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
                 f"{(kept.get('retry_attempt') or 0) + 1} at {_instant(kept.get('wake_at'))}"
             )
         return f"resumes its wait as it was, until {_instant(kept.get('wake_at'))}"
+    if type == et.SLOT_TAKEN:
+        how = "from start to end" if get("holds") == "active" else "for this segment"
+        given = ", offered" if get("offered") else ""
+        return f"takes slot {get('slot')}{_key_text(get('limit_key') or '')} {how}{given}"
+    if type == et.SLOT_RELEASED:
+        return f"frees slot {get('slot')}{_key_text(get('limit_key') or '')}"
+    if type == et.SLOT_WAITING:
+        return (
+            f"queues for a slot{_key_text(get('limit_key') or '')}: "
+            f"{get('holders')} of {get('max')} taken"
+        )
+    if type == et.SLOT_OFFERED:
+        return f"a slot{_key_text(get('limit_key') or '')} freed: due now"
+    if type == et.RATE_TAKEN:
+        return f"starts at {_instant(get('at'))} (rate slot {get('slot')})"
+    if type == et.RATE_WAITING:
+        return (
+            f"rate limit of {get('max')} per {get('per')} s spent: "
+            f"next start at {_instant(get('wake_at'))}"
+        )
     return short_payload(payload, type=type)
 
 
@@ -427,6 +448,71 @@ def _moved(run: WorkflowRun) -> bool:
     return stream.filter(version__gt=run.version).exists()
 
 
+# --- flow control (concurrency and rate limits) ---------------------------------
+
+
+def _key_text(key: str) -> str:
+    return f" of key {key!r}" if key else ""
+
+
+def queue_reason(tenant_id: str, workflow_name: str, key: str) -> str:
+    """Why runs of ``key`` queue: the slots taken, as the limit counts them."""
+    workflow = registry.get(workflow_name)
+    limit = workflow.concurrency if workflow is not None else None
+    if limit is None:
+        return f"queued for a slot{_key_text(key)} (the workflow declares no limit now)"
+    if limit.holds == "executing":
+        return (
+            f"queued behind {limit.max} running segment(s){_key_text(key)} "
+            f"(concurrency limit {limit.max}, held while a segment runs)"
+        )
+    held = slots.limit_holders(tenant_id, workflow_name, key)
+    return (
+        f"queued behind {held} active run(s){_key_text(key)} "
+        f"(concurrency limit {limit.max}, held from start to end)"
+    )
+
+
+def rate_reason(wake_at: datetime | None, now: datetime) -> str:
+    """Why a run waits for its rate limit: when the next start is allowed."""
+    if wake_at is None:
+        return "rate limit: waiting for a start of the period"
+    if wake_at <= now:
+        return "rate limit: a start is allowed now (due)"
+    return f"rate limit: next slot in {humanize(wake_at - now)}"
+
+
+def _suspended_facts(
+    run: WorkflowRun, row: WorkflowRunPending, suspension_type: str, kind: str
+) -> list[tuple[str, str]]:
+    """Where and since when the run is suspended, and its suspension record's facts."""
+    facts = [("Suspended", f"{kind} at {_step(run, row.step)}"), ("Since", _when(row.suspended_at))]
+    record = suspensions.for_type(suspension_type)
+    if record is not None:
+        facts.extend(record.facts(row, _Teller(run)))
+    return facts
+
+
+def _explain_limited(run: WorkflowRun, row: WorkflowRunPending, now: datetime) -> Explanation:
+    """A run queued for a concurrency slot, or held back by its rate limit."""
+    facts = _suspended_facts(run, row, run.suspension_type, run.get_suspension_type_display())
+    if run.suspension_type == SuspensionType.LIMITED:
+        if row.wake_at is not None:
+            facts.append(("Due", f"yes: a slot was offered to it at {_when(row.wake_at)}"))
+            return Explanation(
+                "A concurrency slot freed for it: the next resume_due_runs pass starts it.",
+                facts,
+                due=row.wake_at <= now,
+            )
+        why = queue_reason(run.tenant_id, run.workflow_name, row.limit_key)
+        facts.append(("Due", "no: when a slot of its key frees (oldest queued first)"))
+        return Explanation(why[:1].upper() + why[1:] + ".", facts)
+    why = rate_reason(row.wake_at, now)
+    due = row.wake_at is not None and row.wake_at <= now
+    facts.append(("Due", "yes" if due else f"no, at {_when(row.wake_at)}"))
+    return Explanation(why[:1].upper() + why[1:] + ".", facts, due=due)
+
+
 def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
     row = pending_row(run)
     if (row is None or row.run_version != run.version) and _moved(run):
@@ -442,14 +528,10 @@ def _explain_waiting(run: WorkflowRun, now: datetime) -> Explanation:
             "Run manage.py rebuild_workflow_projections --check to compare the tables "
             "with the event store."
         )
+    if run.suspension_type in (SuspensionType.LIMITED, SuspensionType.RATE):
+        return _explain_limited(run, row, now)
     kind = row.get_suspension_type_display()
-    facts = [
-        ("Suspended", f"{kind} at {_step(run, row.step)}"),
-        ("Since", _when(row.suspended_at)),
-    ]
-    record = suspensions.for_type(row.suspension_type)
-    if record is not None:
-        facts.extend(record.facts(row, _Teller(run)))
+    facts = _suspended_facts(run, row, row.suspension_type, kind)
     if row.suspension_type == SuspensionType.EVENT:
         facts.extend(_near_miss(row))
     workflow = registry.of_run(row.workflow_name, row.workflow_version, row.definition_fingerprint)

@@ -21,6 +21,8 @@ from typing import Any
 
 from kumiko_workflows.models import (
     Event,
+    LimitSlot,
+    RateSlot,
     WorkflowChildGroup,
     WorkflowRun,
     WorkflowRunPending,
@@ -39,6 +41,9 @@ PENDING_FIELDS = [
     if f.attname not in ("id", "resume_errors")
 ]
 KEY_FIELDS = ["tenant_id", "run_id", "event_type", "path", "value"]
+#: A limit's slots: its rows stay (lock targets), what the streams say of them is replayed.
+SLOT_KEY = ["tenant_id", "workflow_name", "limit_key", "slot"]
+RATE_KEY = ["tenant_id", "workflow_name", "rate_key", "slot"]
 
 Rows = dict[Any, dict[str, Any]]
 
@@ -56,6 +61,10 @@ class Difference:
         if self.table == "run":
             (run_id,) = self.key
             return f"run {run_id}"
+        if self.table in ("slot", "rate"):
+            tenant, workflow, key, slot = self.key
+            kind = "concurrency" if self.table == "slot" else "rate limit"
+            return f"{kind} slot {slot} of {workflow} key {key!r} (tenant {tenant})"
         if self.table == "key":
             tenant, run_id, event_type, path, value = self.key
             return f"wait key {event_type} {path} = {value} of run {run_id} (tenant {tenant})"
@@ -101,6 +110,19 @@ def _snapshot() -> tuple[Rows, Rows, Rows]:
     }
     keys = {tuple(row.values()): row for row in WorkflowWaitKey.objects.values(*KEY_FIELDS)}
     return runs, pending, keys
+
+
+def _slots() -> tuple[Rows, Rows]:
+    """The slot rows' projected columns (holders, last starts) of the limits."""
+    held = {
+        tuple(row[k] for k in SLOT_KEY): row
+        for row in LimitSlot.objects.values(*SLOT_KEY, "holder_run_id", "taken_at")
+    }
+    rates = {
+        tuple(row[k] for k in RATE_KEY): row
+        for row in RateSlot.objects.values(*RATE_KEY, "last_start")
+    }
+    return held, rates
 
 
 def _compare(table: str, before: Rows, after: Rows) -> list[Difference]:
@@ -166,17 +188,23 @@ def rebuild(
         errors = list(
             WorkflowRun.objects.exclude(last_error="").values_list("run_id", "last_error")
         )
+        before_slots, before_rates = _slots()
         WorkflowWaitKey.objects.all().delete()
         WorkflowChildGroup.objects.all().delete()
         WorkflowRunPending.objects.all().delete()
         WorkflowRun.objects.all().delete()
+        LimitSlot.objects.exclude(holder_run_id=None).update(holder_run_id=None, taken_at=None)
+        RateSlot.objects.exclude(last_start=None).update(last_start=None)
         events = replay(progress)
         after_runs, after_pending, after_keys = _snapshot()
+        after_slots, after_rates = _slots()
         differences = (
             _compare("run", before_runs, after_runs)
             + _compare("pending", before_pending, after_pending)
             + _compare("key", before_keys, after_keys)
             + _compare("children", before_groups, _groups())
+            + _compare("slot", before_slots, after_slots)
+            + _compare("rate", before_rates, after_rates)
         )
         if apply:
             _restore_errors((run_id, text) for run_id, text in errors if (run_id,) in after_runs)

@@ -47,6 +47,8 @@ _PENDING_UPDATE_FIELDS = [
     "state",
     "suspended_at",
     "due_since",
+    "limit_key",
+    "queued_at",
 ]
 
 
@@ -147,6 +149,14 @@ def project_pending(event: Event, replaying: bool) -> None:
         WorkflowRunPending.objects.filter(
             tenant_id=event.tenant_id, run_id=event.aggregate_id
         ).update(**changes)
+        if not replaying:
+            notify_due(event.tenant_id)
+    elif kind == et.SLOT_OFFERED:
+        # A slot freed for the run queued for it: due now, in the queue's
+        # order (it keeps queued_at, should it have to queue again).
+        WorkflowRunPending.objects.filter(
+            tenant_id=event.tenant_id, run_id=event.aggregate_id
+        ).update(wake_at=event.created_at, run_version=event.version)
         if not replaying:
             notify_due(event.tenant_id)
     elif kind == et.RUN_MIGRATED:

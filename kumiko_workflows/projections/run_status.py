@@ -42,8 +42,11 @@ def _status_fields(event: Event) -> dict[str, Any] | None:
             "definition_fingerprint": payload["definition_fingerprint"],
             "workflow_version": payload["workflow_version"],
         }
-    if kind == et.WAKE_REQUESTED:
+    if kind in (et.WAKE_REQUESTED, et.SLOT_OFFERED):
         return {"wake_at": event.created_at}
+    if kind in (et.SLOT_TAKEN, et.SLOT_RELEASED, et.RATE_TAKEN):
+        # Only the version moves (operations append at the row's version).
+        return {}
     if kind == et.RESUMED:
         if "definition_fingerprint" in payload:
             # Resumed on an edited definition it survives (engine/deploys): it is on it now.

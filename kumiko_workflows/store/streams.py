@@ -44,6 +44,7 @@ CHILD_FAILED = "child_failed"
 CHILD_TIMEOUT = "child_timeout"
 #: A compensation of a finished step failed on every attempt: not everything was undone.
 COMPENSATION_FAILED = "compensation_failed"
+LIMIT_KEY_FAILED = "limit_key_failed"
 #: Every reason above, in the order the admin's filter lists them.
 FAILURE_REASONS = (
     STEP_FAILED,
@@ -61,6 +62,7 @@ FAILURE_REASONS = (
     CHILD_FAILED,
     CHILD_TIMEOUT,
     COMPENSATION_FAILED,
+    LIMIT_KEY_FAILED,
 )
 
 #: (run id, first version, last version) of events about to be appended
@@ -81,6 +83,8 @@ def is_cleared(run_id: Any, version: int) -> bool:
 
 
 _CLEARS_PENDING = frozenset({event_types.RUN_STARTED, event_types.RESUMED, *event_types.TERMINAL})
+#: Events that leave a run's pending rows as they were (a slot or rate start taken at a claim).
+_KEEPS_PENDING = frozenset({event_types.SLOT_TAKEN, event_types.RATE_TAKEN})
 
 
 @dataclass
@@ -198,7 +202,7 @@ class RunStream:
                 pending_cleared.reset(hint)
         self.version = event.version
         # A new stream has no pending rows; a resume or an end deletes them.
-        self._no_pending = type in _CLEARS_PENDING
+        self._no_pending = type in _CLEARS_PENDING or (self._no_pending and type in _KEEPS_PENDING)
         telemetry.appended(self, type, payload)
         return event
 

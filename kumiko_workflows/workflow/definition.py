@@ -21,6 +21,7 @@ from kumiko_workflows.exceptions import (
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.fingerprints import _hash
+from kumiko_workflows.workflow.limits import Limit, Rate
 from kumiko_workflows.workflow.positions import _path_sort_key, parse_path, reach_text, reached
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.step_kind import (
@@ -66,6 +67,8 @@ class Workflow:
         migrates_from: Mapping[int, Mapping[str, str]] | None = None,
         search_key: Callable[[Any], Any] | None = None,
         returns: str | Callable[[Any], Any] | None = None,
+        concurrency: Limit | None = None,
+        rate: Rate | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise WorkflowDefinitionError(
@@ -141,6 +144,11 @@ class Workflow:
         #: ``event -> str``: what the admin's search finds a run by. Not in the
         #: fingerprint: it changes no step, so changing it strands no run.
         self.search_key = search_key
+        #: Flow control (:mod:`kumiko_workflows.workflow.limits`): checked by
+        #: :func:`validate` (E111-E114). Not in the fingerprint: a cap decides
+        #: when steps run, not what they do, so changing one strands no run.
+        self.concurrency = concurrency
+        self.rate = rate
         self.awaits = awaits
         self.version = version
         #: Explicit moves of suspended runs of older versions to this one:
@@ -163,6 +171,15 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name!r} v{self.version} {self.fingerprint[:12]}>"
+
+    @property
+    def limited(self) -> bool:
+        """Whether a worker must admit each segment (a concurrency or rate limit).
+
+        Such a workflow's runs start in a worker (as ``start="worker"``), so
+        every segment, the first included, is admitted where slots are taken.
+        """
+        return self.concurrency is not None or self.rate is not None
 
     def _step_fingerprints(self) -> dict[str, str]:
         header = {
@@ -294,6 +311,8 @@ def define_workflow(
     migrates_from: Mapping[int, Mapping[str, str]] | None = None,
     search_key: Callable[[Any], Any] | None = None,
     returns: str | Callable[[Any], Any] | None = None,
+    concurrency: Limit | None = None,
+    rate: Rate | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define a workflow and register it under ``name`` and ``version``.
@@ -314,7 +333,11 @@ def define_workflow(
     order number; without it, the idempotency key. ``returns`` is what a
     run gives a parent that called it (``steps.call_workflow``): a step's
     result name, ``callable(ctx)``, or None for the result of its last
-    top-level step. Pass ``register=False``
+    top-level step.
+    ``concurrency=Limit(max=2, key=fn, holds="active")`` caps the runs that
+    hold a slot at once per key, and ``rate=Rate(max=10, per=60, key=fn)``
+    the segment starts per period (see :mod:`kumiko_workflows.workflow.limits`);
+    a workflow with either starts its runs in a worker. Pass ``register=False``
     to build a definition without registering it (for
     :meth:`WorkflowRegistry.override`).
     """
@@ -330,6 +353,8 @@ def define_workflow(
         migrates_from,
         search_key=search_key,
         returns=returns,
+        concurrency=concurrency,
+        rate=rate,
     )
     problems = [problem for problem in validate(workflow) if ".E" in problem.id]
     if problems:

@@ -36,6 +36,20 @@ COMPENSATION_SCHEDULED = "workflow.compensation.scheduled"
 STEP_COMPENSATED = "workflow.step.compensated"
 #: The trigger of a child run: the parent's request, its payload the child's input.
 CALL_REQUESTED = "workflow.call-requested"
+#: A run of a workflow with a concurrency limit took a slot of its key
+#: (``holds="active"``: it holds it until ``workflow.slot-released``; else
+#: for the segment this event opens).
+SLOT_TAKEN = "workflow.slot-taken"
+#: An active holder's run ended (or stopped holding): its slot is free.
+SLOT_RELEASED = "workflow.slot-released"
+#: A run found every slot of its key taken: it waits, queued, for one.
+SLOT_WAITING = "workflow.slot-waiting"
+#: A slot freed and this run is the oldest queued for its key: it is due now.
+SLOT_OFFERED = "workflow.slot-offered"
+#: A run of a rate-limited workflow took one of its key's starts of the period.
+RATE_TAKEN = "workflow.rate-taken"
+#: A run found its rate limit's budget spent: it waits until a start is allowed.
+RATE_WAITING = "workflow.rate-waiting"
 #: A cron schedule was first seen by a scheduler pass; slots before it never fire.
 SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
@@ -63,6 +77,8 @@ SUSPENSIONS = (
     RUN_QUEUED,
     WAITING_FOR_CHILDREN,
     COMPENSATION_SCHEDULED,
+    SLOT_WAITING,
+    RATE_WAITING,
 )
 TERMINAL = (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
 RUN_EVENTS = (
@@ -81,4 +97,10 @@ RUN_EVENTS = (
     WAITING_FOR_CHILDREN,
     COMPENSATION_SCHEDULED,
     STEP_COMPENSATED,
+    SLOT_TAKEN,
+    SLOT_RELEASED,
+    SLOT_WAITING,
+    SLOT_OFFERED,
+    RATE_TAKEN,
+    RATE_WAITING,
 )

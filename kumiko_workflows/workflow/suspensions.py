@@ -190,6 +190,11 @@ def _rerun_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
     kept = payload.get("suspension")
     if not kept:  # rerun the step where the failed attempt began, now
         return _due_now(payload, at)
+    return _kept_pending(kept)
+
+
+def _kept_pending(kept: dict[str, Any]) -> dict[str, Any]:
+    """A pending row's columns from a suspension kept by :func:`standing`."""
     return {
         "suspension_type": kept["suspension_type"],
         "wake_at": _instant(kept.get("wake_at")),
@@ -332,7 +337,67 @@ COMPENSATE = Record(
     by_step=False,
 )
 
-RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, CHILDREN, COMPENSATE)
+def _slot_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    # The suspension it was claimed from, kept as it stood (None: a queued
+    # start or a rerun, which run their step again), out of the due range
+    # until a slot is offered.
+    kept = payload.get("suspension")
+    columns = _kept_pending(kept) if kept else {}
+    columns.update(
+        wake_at=None,
+        limit_key=payload["limit_key"],
+        queued_at=_instant(payload["queued_at"]),
+    )
+    return columns
+
+
+def _slot_facts(row: Any, tell: Teller) -> Facts:
+    key = f" of key {row.limit_key!r}" if row.limit_key else ""
+    waiting = tell.latest(et.SLOT_WAITING) or {}
+    held = waiting.get("holders")
+    behind = f"behind {held} active run(s){key}" if held is not None else f"for a slot{key}"
+    return [("Queued", f"{behind} (concurrency limit) since {tell.when(row.queued_at)}")]
+
+
+def _rate_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    kept = payload.get("suspension")
+    columns = _kept_pending(kept) if kept else {}
+    columns.update(wake_at=_instant(payload["wake_at"]), due_since=None)
+    return columns
+
+
+def _rate_facts(row: Any, tell: Teller) -> Facts:
+    return [("Rate limit", f"next start allowed at {tell.when(row.wake_at)}")]
+
+
+#: Not a step's: a run of a workflow with a concurrency limit (``Limit``)
+#: found every slot of its key taken when it was due; it waits, out of the
+#: due range, until a slot is offered to it (``workflow.slot-offered``),
+#: then resumes the suspension it was claimed from.
+SLOT = Record(
+    et.SLOT_WAITING,
+    "limited",
+    pending=_slot_pending,
+    status=lambda payload, at: {"wake_at": None},
+    after=False,
+    attempt=_first_attempt,
+    facts=_slot_facts,
+    by_step=False,
+)
+#: Not a step's: a run of a rate-limited workflow (``Rate``) found its
+#: budget spent; it is due again when the budget allows a start.
+RATE = Record(
+    et.RATE_WAITING,
+    "rate",
+    pending=_rate_pending,
+    status=lambda payload, at: {"wake_at": _instant(payload["wake_at"])},
+    after=False,
+    attempt=_first_attempt,
+    facts=_rate_facts,
+    by_step=False,
+)
+
+RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, SLOT, RATE, CHILDREN, COMPENSATE)
 _BY_EVENT = {record.event_type: record for record in RECORDS}
 _BY_TYPE = {record.suspension_type: record for record in RECORDS}
 

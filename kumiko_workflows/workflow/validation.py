@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kumiko_workflows.workflow.definition import Workflow
 
 from kumiko_workflows.workflow.cron import CronTrigger, cron_problem
+from kumiko_workflows.workflow.limits import limit_problems, rate_problems
 from kumiko_workflows.workflow.positions import parse_path
 from kumiko_workflows.workflow.triggers import EventTrigger
 
@@ -39,6 +40,11 @@ def validate(workflow: Workflow) -> list[Problem]:
 
     if not workflow.steps:
         add("E013", "has no steps", "Give define_workflow(steps=[...]) at least one step.")
+    for check, message, hint in (
+        *limit_problems(workflow.concurrency),
+        *rate_problems(workflow.rate),
+    ):
+        add(check, message, hint)
     if isinstance(workflow.trigger, CronTrigger):
         problem = cron_problem(
             workflow.trigger.expression, workflow.trigger.timezone, workflow.trigger.catch_up

@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from kumiko_workflows import define_workflow, on_event, steps
+from kumiko_workflows import Limit, Rate, define_workflow, on_event, steps
 
 
 def run_key(event):
@@ -382,5 +382,57 @@ deploying = define_workflow(
     ],
 )
 
+
+# --- tests/test_limits.py: concurrency and rate limits ------------------------
+
+
+def limit_key(event):
+    return event.payload["key"]
+
+
+def hold_a_little(ctx):
+    """Run for the payload's ``hold`` seconds: segments of one key overlap unless limited.
+
+    With ``block_dir``, the first segment writes its process id to a file
+    there and holds until the test creates ``release`` (to be killed mid-run).
+    """
+    folder = ctx.event.payload.get("block_dir")
+    if folder and "first" not in ctx.steps:
+        (Path(folder) / f"running-{os.getpid()}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    time.sleep(float(ctx.event.payload.get("hold", 0)))
+    return ctx.retry_attempt
+
+
+def _limited(holds: str):
+    return define_workflow(
+        name=f"t-limit-{holds}",
+        trigger=on_event(f"t.limit-{holds}"),
+        idempotency_key=run_key,
+        concurrency=Limit(max=2, key=limit_key, holds=holds),
+        steps=[
+            steps.compute("first", hold_a_little),
+            steps.wait(payload_value("for", "PT0S")),
+            steps.compute("second", hold_a_little),
+        ],
+    )
+
+
+limit_active = _limited("active")
+limit_executing = _limited("executing")
+
+rate_limited = define_workflow(
+    name="t-rate",
+    trigger=on_event("t.rate"),
+    idempotency_key=run_key,
+    rate=Rate(max=3, per=1, key=limit_key),
+    steps=[
+        steps.compute("first", hold_a_little),
+        steps.wait(payload_value("for", "PT0S")),
+        steps.compute("second", hold_a_little),
+    ],
+)
 # Child runs, fan-out and compensation (tests/test_composition.py).
 from tests.testapp import compose_workflows  # noqa: E402, F401
