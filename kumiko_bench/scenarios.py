@@ -74,10 +74,13 @@ SCENARIOS = (
     "scan",
     "wake",
     "wake_scale",
+    "awaited_append",
+    "profile",
     "memory",
     "unanalysed",
     "tasks",
     "fan_out",
+    "dashboard",
 )
 DEFAULT_N = {
     "append": 2000,
@@ -89,9 +92,12 @@ DEFAULT_N = {
     "scan": 1_000_000,
     "wake": 50,
     "wake_scale": 100_000,
+    "awaited_append": 1000,
+    "profile": 2000,
     "unanalysed": 10_000,
     "tasks": 2000,
     "fan_out": 1000,
+    "dashboard": 1_000_000,
 }
 #: Waiting runs (beside the one woken) at which wake_scale times an append.
 WAKE_SCALE_SIZES = (10, 1_000, 10_000, 100_000)
@@ -494,11 +500,20 @@ class Bench:
             raise RuntimeError("drain verification failed: " + "; ".join(problems))
 
     def copy_to_floor(self) -> tuple[str, str]:
-        """Scratch copies of the bench tenant's events and pending rows, for the SQL floor."""
-        events = self.scratch_like("floor_events", Event)
-        pending = self.scratch_like("floor_pending", WorkflowRunPending)
+        """Scratch copies of the bench tenant's rows as seeded, for an SQL floor.
+
+        Made again on each call (the tables dropped first), also after the
+        engine drained the rows: of the run streams only the first two
+        events (started, waiting) are copied, and the pending rows come from
+        the copy :meth:`keep_seeded_pending` made before the drain.
+        """
+        events = self.table("floor_events")
+        pending = self.table("floor_pending")
+        for table in (events, pending):
+            self.execute(f"DROP TABLE IF EXISTS {table}")
+        self.scratch_like("floor_events", Event)
+        self.scratch_like("floor_pending", WorkflowRunPending)
         source_events = connection.ops.quote_name(Event._meta.db_table)
-        source_pending = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
         # Without their ids: the copy's own identity starts at 1 (PostgreSQL's
         # LIKE ... INCLUDING ALL makes a new one), and on a fresh database the
         # copied ids start at 1 too, so the floor's first INSERT would collide.
@@ -509,17 +524,28 @@ class Bench:
         )
         self.execute(
             f"INSERT INTO {events} ({columns}) "  # noqa: S608
-            f"SELECT {columns} FROM {source_events} WHERE tenant_id = %s ORDER BY id",
-            [self.tenant],
+            f"SELECT {columns} FROM {source_events} WHERE tenant_id = %s "
+            "AND (aggregate_type <> %s OR version <= 2) ORDER BY id",
+            [self.tenant, et.RUN_AGGREGATE_TYPE],
         )
         self.execute(
-            f"INSERT INTO {pending} SELECT * FROM {source_pending} WHERE tenant_id = %s",  # noqa: S608
-            [self.tenant],
+            f"INSERT INTO {pending} SELECT * FROM {self.table('seeded_pending')}"  # noqa: S608
         )
         if self.vendor == "postgresql":
             self.execute(f"ANALYZE {events}")
             self.execute(f"ANALYZE {pending}")
         return events, pending
+
+    def keep_seeded_pending(self) -> None:
+        """Keep a copy of the bench tenant's pending rows as seeded, for the floors' copies."""
+        kept = self.table("seeded_pending")
+        source = connection.ops.quote_name(WorkflowRunPending._meta.db_table)
+        self.execute(f"DROP TABLE IF EXISTS {kept}")
+        # Columns only (no indexes: their names would clash with the floor's copy's).
+        self.execute(
+            f"CREATE TABLE {kept} AS SELECT * FROM {source} WHERE tenant_id = %s",  # noqa: S608
+            [self.tenant],
+        )
 
     # -- scenarios ------------------------------------------------------------------
 
@@ -590,11 +616,15 @@ class Bench:
         self.emit(Result("start", n, seconds, n / seconds))
 
     def scenario_drain(self) -> None:
-        """Due runs drained by the engine, each mode beside the SQL floor in the same round.
+        """Due runs drained by the engine, each mode beside the best hand-written SQL.
 
         The engine drains at the configured ``BATCH_SIZE`` (runs per commit)
-        and at ``BATCH_SIZE=1`` (a commit per run, as the floor does); with
-        PostgreSQL also by two workers at the configured size.
+        and at ``BATCH_SIZE=1`` (a commit per run); with PostgreSQL also by
+        two workers at the configured size. In the same round, on copies of
+        the same rows, with as many processes: the per-run floor (a run per
+        transaction) beside every mode, and the batched floor (``BATCH_SIZE``
+        runs per transaction, written as sets) beside the batched modes.
+        Every floor statement is prepared, as the engine's are.
         """
         n = self.size("drain")
         batch = int(_setting("BATCH_SIZE"))
@@ -612,26 +642,46 @@ class Bench:
         ]
         engine_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
         floor_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
+        batched_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
         for _ in range(self.rounds):
             for name, workers, size, _note in modes:
                 self.fresh_database()
                 run_ids = self.seed_due_runs(n)
-                self.copy_to_floor()
+                self.keep_seeded_pending()
                 procs = self.start_workers("drain", workers, "--batch-size", str(size))
                 seconds, reports = self.go(procs)
                 if any(report["batch_size"] != size for report in reports):
                     raise RuntimeError(f"{name}: the workers did not drain at BATCH_SIZE={size}")
                 self.verify_completed_once(run_ids)
                 engine_times[name].append(seconds)
-                procs = self.start_workers("floor", workers)
-                seconds, reports = self.go(procs)
-                done = sum(report["processed"] for report in reports)
-                if done != n:
-                    raise RuntimeError(f"the SQL floor resumed {done} of {n} runs")
-                floor_times[name].append(seconds)
-        for name, workers, _size, note in modes:
-            label = f"SQL floor, {workers} process{'es' if workers > 1 else ''}"
+                floors = [("floor", floor_times)] + (
+                    [("floor_batch", batched_times)] if size > 1 else []
+                )
+                for floor, times in floors:
+                    # Each floor on fresh copies of the bench tenant's rows as seeded.
+                    self.copy_to_floor()
+                    procs = self.start_workers(floor, workers, "--batch-size", str(size))
+                    seconds, reports = self.go(procs)
+                    done = sum(report["processed"] for report in reports)
+                    if done != n:
+                        raise RuntimeError(f"the SQL {floor} resumed {done} of {n} runs")
+                    times[name].append(seconds)
+        plural = {1: "process", 2: "processes"}
+        for name, workers, size, note in modes:
+            label = f"SQL floor, a run per transaction, {workers} {plural[workers]}"
             self._ratio_result(name, n, engine_times[name], floor_times[name], label, note=note)
+            if batched_times[name]:
+                label = (
+                    f"batched SQL floor, {size} runs per transaction, {workers} {plural[workers]}"
+                )
+                self._ratio_result(
+                    f"{name}_vs_batched_floor",
+                    n,
+                    engine_times[name],
+                    batched_times[name],
+                    label,
+                    note=note,
+                )
         if two:
             one_times, two_times = engine_times["drain"], engine_times["drain_2"]
             scaling = statistics.median(
@@ -1137,6 +1187,120 @@ class Bench:
         if len(sizes) > 1 and first_p50:
             self.out(f"RATIO name=wake_scale_{sizes[-1]}_vs_{sizes[0]} value={p50 / first_p50:.3f}")
 
+    def scenario_awaited_append(self) -> None:
+        """What an append of an awaited event type costs over a plain one when no run waits.
+
+        Interleaved in each round: N appends of a type no workflow awaits,
+        then N of the wake workflow's awaited type, each in autocommit (a
+        transaction of its own, the decision after commit included); then N
+        of each in one transaction. No run waits on anything. The ratios
+        are costs (awaited time over plain time, lower is better): issue
+        26's targets are ≤ 2 alone and ≤ 3 in one transaction.
+        """
+        from kumiko_workflows.store.events import append_event
+
+        n = self.size("awaited_append")
+        self.fresh_database()
+        payload = {"key": "nobody-waits", "amount": "12.50"}
+        times: dict[str, list[float]] = {
+            "plain": [],
+            "awaited": [],
+            "plain_tx": [],
+            "awaited_tx": [],
+        }
+
+        def appends(type_: str, count: int) -> None:
+            for _ in range(count):
+                append_event(uuid.uuid4(), SOURCE, type_, payload, tenant_id=self.tenant)
+
+        # Warm both paths (prepared statements, caches) before timing.
+        appends(APPEND_TYPE, 20)
+        appends(WAKE_EVENT, 20)
+        for _ in range(self.rounds):
+            for name, type_ in (("plain", APPEND_TYPE), ("awaited", WAKE_EVENT)):
+                started = time.perf_counter()
+                appends(type_, n)
+                times[name].append(time.perf_counter() - started)
+            for name, type_ in (("plain_tx", APPEND_TYPE), ("awaited_tx", WAKE_EVENT)):
+                started = time.perf_counter()
+                with transaction.atomic():
+                    appends(type_, n)
+                times[name].append(time.perf_counter() - started)
+        for alone, plain in (("awaited", "plain"), ("awaited_tx", "plain_tx")):
+            cost = statistics.median(a / p for a, p in zip(times[alone], times[plain], strict=True))
+            seconds = statistics.median(times[alone])
+            per = {k: statistics.median(v) / n * 1000 for k, v in times.items()}
+            name = "awaited_append" if alone == "awaited" else "awaited_append_tx"
+            where = "autocommit" if alone == "awaited" else f"{n} in one transaction"
+            self.results.append(
+                Result(
+                    name,
+                    n,
+                    seconds,
+                    n / seconds,
+                    cost,
+                    "plain append (cost ratio)",
+                    extra={"baseline_per_sec": n / statistics.median(times[plain])},
+                    note=f"{where}: {per[alone]:.3f} ms vs {per[plain]:.3f} ms, awaited / plain",
+                )
+            )
+            self.out(
+                f"AWAITED_APPEND mode={name} awaited_ms={per[alone]:.3f} "
+                f"plain_ms={per[plain]:.3f} cost={cost:.2f}"
+            )
+
+    def scenario_profile(self) -> None:
+        """Where a resumed run's time goes: N due runs drained in this process under cProfile.
+
+        At ``BATCH_SIZE=1`` and at the configured size, each on fresh rows.
+        Each function's own time is put in a layer by its module: the
+        database (the driver waiting for the server: its round trips and
+        the server's work), the driver (psycopg's Python), Django, the
+        engine (``kumiko_workflows``) and the rest (the standard library:
+        JSON, UUIDs, datetimes). Prints ``PROFILE batch=… us_per_run=…
+        database=…% driver=…% django=…% engine=…% other=…%`` and the
+        engine's five costliest functions (``KUMIKO_BENCH_PROFILE_DUMP=1``
+        also prints the 25 costliest of all). The profiler's own overhead
+        inflates the Python layers (by about a third); the shares, not the
+        absolute figures, are the point.
+        """
+        import cProfile
+        import pstats
+
+        n = self.size("profile")
+        user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
+        for size in dict.fromkeys((1, int(_setting("BATCH_SIZE")))):
+            self.fresh_database()
+            self.seed_due_runs(n)
+            with override_settings(KUMIKO_WORKFLOWS={**user, "BATCH_SIZE": size}):
+                # Warm: statements prepared, caches filled.
+                _drain(self.tenant, limit=max(1, min(20, n // 10)))
+                profiler = cProfile.Profile()
+                started = time.perf_counter()
+                profiler.enable()
+                done = _drain(self.tenant)
+                profiler.disable()
+                seconds = time.perf_counter() - started
+            layers, engine = _layers(pstats.Stats(profiler))
+            total = sum(layers.values()) or 1.0
+            shares = " ".join(f"{name}={layers[name] / total * 100:.0f}%" for name in LAYERS)
+            done = max(1, done)
+            per_run = seconds / done * 1e6
+            self.out(f"PROFILE batch={size} runs={done} us_per_run={per_run:.0f} {shares}")
+            if os.environ.get("KUMIKO_BENCH_PROFILE_DUMP"):
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+            for name, own in engine[:5]:
+                self.out(f"PROFILE_ENGINE batch={size} {name} us_per_run={own / done * 1e6:.1f}")
+            self.results.append(
+                Result(
+                    f"profile_batch{size}",
+                    done,
+                    seconds,
+                    done / seconds,
+                    note=f"under cProfile: {per_run:.0f} us a run; {shares}",
+                )
+            )
+
     def _time_wakes(self, append_event: Callable[..., Any]) -> list[float]:
         timings = []
         for _ in range(WAKE_SCALE_TRIALS):
@@ -1149,6 +1313,57 @@ class Bench:
             if WorkflowRunPending.objects.get(run_id=run_id).awaited_event_id is None:
                 raise RuntimeError("wake_scale: the appended event did not wake its run")
         return timings
+
+    def scenario_dashboard(self) -> None:
+        """The admin dashboard's figures on N runs, 10 × N events (:mod:`kumiko_bench.dashboard`).
+
+        Each page timed on tables never analysed, then after ``VACUUM ANALYZE``
+        (PostgreSQL): its first view (which counts the past days not kept yet),
+        then the median and p95 of the views after it; the result's seconds
+        are the slowest page's median.
+        """
+        from kumiko_bench import dashboard as board
+
+        runs = self.size("dashboard")
+        self.fresh_database()
+        now = timezone.now()
+        started = time.perf_counter()
+        board.seed(runs, now)
+        seeded = time.perf_counter() - started
+        self.out(
+            f"DASHBOARD seeded runs={runs} events={runs * board.EVENTS_PER_RUN} "
+            f"seconds={seeded:.1f}"
+        )
+        extra: dict[str, Any] = {"seed_seconds": round(seeded, 1), "runs": runs}
+        medians: dict[str, float] = {}
+        for phase in ("unanalysed", "analysed"):
+            if phase == "analysed":
+                if self.vendor != "postgresql":
+                    break
+                self.execute("VACUUM ANALYZE")
+            for line in board.plans(now):
+                self.out(f"PLAN name=dashboard phase={phase} {line}")
+            for page, fn in board.pages(now).items():
+                first, median, p95 = board.timed(fn)
+                medians[f"{phase}_{page}"] = median
+                extra[f"{phase}_{page}_ms"] = round(median, 2)
+                extra[f"{phase}_{page}_p95_ms"] = round(p95, 2)
+                extra[f"{phase}_{page}_first_ms"] = round(first, 2)
+                self.out(
+                    f"DASHBOARD phase={phase} page={page} first_ms={first:.1f} "
+                    f"median_ms={median:.1f} p95_ms={p95:.1f}"
+                )
+        worst = max(medians, key=lambda key: medians[key])
+        self.emit(
+            Result(
+                "dashboard",
+                runs,
+                medians[worst] / 1000,
+                1000 / medians[worst],
+                extra=extra,
+                note=f"slowest page {worst}: {medians[worst]:.1f} ms (median)",
+            )
+        )
 
     def scenario_unanalysed(self) -> None:
         """An awaited ``append_event`` on tables never analysed, beside the same after ``ANALYZE``.
@@ -1378,7 +1593,12 @@ def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
     if sys.stdin.readline().strip() != "GO":
         return
     started, cpu = time.perf_counter(), time.process_time()
-    processed = _floor(tenant) if mode == "floor" else _drain(tenant)
+    if mode == "floor":
+        processed = _floor(tenant)
+    elif mode == "floor_batch":
+        processed = _batched_floor(tenant, int(_setting("BATCH_SIZE")))
+    else:
+        processed = _drain(tenant)
     report: dict[str, Any] = {"processed": processed, "batch_size": int(_setting("BATCH_SIZE"))}
     if exported is not None:
         report.update(exported())
@@ -1391,17 +1611,19 @@ def _work(mode: str, tenant: str, out: Callable[[str], None]) -> None:
     out("DONE " + json.dumps(report))
 
 
-def _drain(tenant: str) -> int:
+def _drain(tenant: str, limit: int | None = None) -> int:
     from kumiko_workflows.engine.resume import resume_due_runs
 
     processed = 0
     while True:
-        report = resume_due_runs(tenant_id=tenant)
+        report = resume_due_runs(tenant_id=tenant, limit=limit)
         if report.errors:
             raise RuntimeError(f"resume_due_runs reported errors: {report}")
         if not report.processed:
             return processed
         processed += report.processed
+        if limit is not None:
+            return processed
 
 
 def _telemetry_on() -> Callable[[], dict[str, int]]:
@@ -1460,47 +1682,93 @@ def _telemetry_on() -> Callable[[], dict[str, int]]:
     return flushed
 
 
+def _floor_tables() -> tuple[str, str]:
+    return (
+        connection.ops.quote_name(f"{PREFIX}_floor_events"),
+        connection.ops.quote_name(f"{PREFIX}_floor_pending"),
+    )
+
+
+#: A prepare threshold no statement reaches: psycopg prepares nothing on a
+#: connection whose threshold is None (Django's default), so the floors set
+#: this, as the engine's cursor does, and prepare what they ask for.
+_NEVER = 2**62
+
+
+class _FloorCursor:
+    """The driver cursor of a floor: on PostgreSQL, server-side binding and every
+    statement prepared (psycopg ``prepare=True``), as the engine's hot cursor
+    prepares its statements; on SQLite, sqlite3's own statement cache."""
+
+    def __init__(self, raw: Any) -> None:
+        self.postgres = connection.vendor == "postgresql"
+        self.raw = raw
+        if self.postgres:
+            import psycopg
+
+            if raw.prepare_threshold is None:
+                raw.prepare_threshold = _NEVER
+            self.cursor: Any = psycopg.Cursor(raw)
+        else:
+            self.cursor = raw.cursor()
+
+    def sql(self, text: str) -> str:
+        return text if self.postgres else text.replace("%s", "?")
+
+    def execute(self, text: str, params: Iterable[Any] = ()) -> Any:
+        if self.postgres:
+            return self.cursor.execute(text, tuple(params), prepare=True)
+        return self.cursor.execute(text, tuple(params))
+
+    def begin(self) -> None:
+        if not self.postgres:
+            self.cursor.execute("BEGIN IMMEDIATE")
+        elif self.raw.autocommit:
+            self.raw.autocommit = False
+
+    def commit(self) -> None:
+        if self.postgres:
+            self.raw.commit()
+        else:
+            self.cursor.execute("COMMIT")
+
+
 def _floor(tenant: str) -> int:
-    """The hand-written resume transaction, one run per transaction, on scratch tables."""
-    events = connection.ops.quote_name(f"{PREFIX}_floor_events")
-    pending = connection.ops.quote_name(f"{PREFIX}_floor_pending")
-    claim = (
+    """The hand-written resume transaction, one run per transaction, on scratch tables.
+
+    Claim one due row (``FOR UPDATE SKIP LOCKED``), load its stream, insert
+    resumed, insert completed, delete the row, commit: every statement
+    prepared, as the engine prepares its own.
+    """
+    events, pending = _floor_tables()
+    cursor = _FloorCursor(_raw_connection())
+    claim = cursor.sql(
         f"SELECT id, run_id, run_version FROM {pending} "  # noqa: S608
         "WHERE tenant_id = %s AND wake_at <= %s ORDER BY wake_at, id LIMIT 1"
+        + (" FOR UPDATE SKIP LOCKED" if cursor.postgres else "")
     )
-    load = (
+    load = cursor.sql(
         f"SELECT id, version, type, payload FROM {events} "  # noqa: S608
         "WHERE tenant_id = %s AND aggregate_id = %s ORDER BY version"
     )
-    insert = (
+    insert = cursor.sql(
         f"INSERT INTO {events} (tenant_id, aggregate_id, aggregate_type, version, type, "  # noqa: S608
         "event_version, payload, metadata, created_by, created_at) "
         "VALUES (%s, %s, 'workflow-run', %s, %s, 1, %s, '{}', 'kumiko_workflows', %s)"
     )
-    delete = f"DELETE FROM {pending} WHERE id = %s"  # noqa: S608
-    raw = _raw_connection()
+    delete = cursor.sql(f"DELETE FROM {pending} WHERE id = %s")  # noqa: S608
     processed = 0
-    postgres = connection.vendor == "postgresql"
-    if postgres:
-        claim += " FOR UPDATE SKIP LOCKED"
-    else:
-        claim, load, insert, delete = (q.replace("%s", "?") for q in (claim, load, insert, delete))
     while True:
-        now = timezone.now()
-        stamp = connection.ops.adapt_datetimefield_value(now)
-        cursor = raw.cursor()
-        if not postgres:
-            cursor.execute("BEGIN IMMEDIATE")
-        elif raw.autocommit:
-            raw.autocommit = False
+        stamp = connection.ops.adapt_datetimefield_value(timezone.now())
+        cursor.begin()
         cursor.execute(claim, (tenant, stamp))
-        row = cursor.fetchone()
+        row = cursor.cursor.fetchone()
         if row is None:
-            raw.commit() if postgres else cursor.execute("COMMIT")
+            cursor.commit()
             return processed
         pk, run_id, version = row
         cursor.execute(load, (tenant, run_id))
-        stream = cursor.fetchall()
+        stream = cursor.cursor.fetchall()
         waiting = json.loads(stream[-1][3]) if isinstance(stream[-1][3], str) else stream[-1][3]
         resumed = {"step": waiting["step"], "retry_attempt": 0, "suspension_type": "wait"}
         completed = {"workflow_name": waiting["workflow_name"], "step_count": 3}
@@ -1511,12 +1779,108 @@ def _floor(tenant: str) -> int:
             insert, (tenant, run_id, version + 2, et.RUN_COMPLETED, json.dumps(completed), stamp)
         )
         cursor.execute(delete, (pk,))
-        raw.commit() if postgres else cursor.execute("COMMIT")
-        cursor.close()
+        cursor.commit()
         processed += 1
 
 
+def _batched_floor(tenant: str, size: int) -> int:
+    """The physical limit of a batched drain: ``size`` runs per transaction, as sets.
+
+    Claim ``size`` due rows in one statement (``FOR UPDATE SKIP LOCKED``),
+    insert their resumed and completed events in one, delete the rows in
+    one, commit: every statement prepared (PostgreSQL: arrays bound as
+    parameters, so one statement serves every batch; SQLite: one statement
+    per batch length, from its statement cache).
+    """
+    events, pending = _floor_tables()
+    cursor = _FloorCursor(_raw_connection())
+    columns = (
+        "tenant_id, aggregate_id, aggregate_type, version, type, event_version, payload, "
+        "metadata, created_by, created_at"
+    )
+    claim = cursor.sql(
+        f"SELECT id, run_id, run_version, step, workflow_name FROM {pending} "  # noqa: S608
+        "WHERE tenant_id = %s AND wake_at <= %s ORDER BY wake_at, id LIMIT %s"
+        + (" FOR UPDATE SKIP LOCKED" if cursor.postgres else "")
+    )
+    if cursor.postgres:
+        insert = (
+            f"INSERT INTO {events} ({columns}) "  # noqa: S608
+            "SELECT %s, r.aggregate_id, 'workflow-run', r.version, r.type, 1, r.payload, "
+            "'{}', 'kumiko_workflows', %s "
+            "FROM unnest(%s::uuid[], %s::int[], %s::text[], %s::jsonb[]) "
+            "AS r(aggregate_id, version, type, payload)"
+        )
+        delete = f"DELETE FROM {pending} WHERE id = ANY(%s)"  # noqa: S608
+    processed = 0
+    while True:
+        stamp = connection.ops.adapt_datetimefield_value(timezone.now())
+        cursor.begin()
+        cursor.execute(claim, (tenant, stamp, size))
+        rows = cursor.cursor.fetchall()
+        if not rows:
+            cursor.commit()
+            return processed
+        ids, runs, versions, types, payloads = [], [], [], [], []
+        for pk, run_id, version, step, workflow_name in rows:
+            ids.append(pk)
+            resumed = {"step": step, "retry_attempt": 0, "suspension_type": "wait"}
+            completed = {"workflow_name": workflow_name, "step_count": 3}
+            runs += [run_id, run_id]
+            versions += [version + 1, version + 2]
+            types += [et.RESUMED, et.RUN_COMPLETED]
+            payloads += [json.dumps(resumed), json.dumps(completed)]
+        if cursor.postgres:
+            cursor.execute(insert, (tenant, stamp, runs, versions, types, payloads))
+            cursor.execute(delete, (ids,))
+        else:
+            values = ", ".join(
+                ["(?, ?, 'workflow-run', ?, ?, 1, ?, '{}', 'kumiko_workflows', ?)"] * len(runs)
+            )
+            params: list[Any] = []
+            for run_id, version, type_, payload in zip(
+                runs, versions, types, payloads, strict=True
+            ):
+                params += [tenant, run_id, version, type_, payload, stamp]
+            cursor.execute(f"INSERT INTO {events} ({columns}) VALUES {values}", params)  # noqa: S608
+            marks = ", ".join(["?"] * len(ids))
+            cursor.execute(f"DELETE FROM {pending} WHERE id IN ({marks})", ids)  # noqa: S608
+        cursor.commit()
+        processed += len(rows)
+
+
 # --- small helpers ----------------------------------------------------------------
+
+#: The layers of :meth:`Bench.scenario_profile`, in the order it prints them.
+LAYERS = ("database", "driver", "django", "engine", "other")
+#: psycopg's functions that call libpq to send a statement or wait for its result.
+_ROUND_TRIPS = frozenset(
+    {"wait", "wait_c", "_send_query_prepared", "_send_prepare", "_exec_command"}
+)
+
+
+def _layers(stats: Any) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Own time per layer of a profile, and the engine's functions by own time."""
+    layers = dict.fromkeys(LAYERS, 0.0)
+    engine: dict[str, float] = {}
+    for (filename, _line, function), row in stats.stats.items():
+        own = row[2]
+        path = filename.replace("\\", "/")
+        if "/psycopg" in path:
+            # libpq's sends and the driver's waits for the server (C code, counted
+            # in the Python function that calls it): the round trips and the
+            # server's work. The rest of psycopg is its Python.
+            layer = "database" if function in _ROUND_TRIPS else "driver"
+        elif "/django/" in path:
+            layer = "django"
+        elif "/kumiko_workflows/" in path:
+            layer = "engine"
+            name = f"{path.rsplit('/kumiko_workflows/', 1)[1]}:{function}"
+            engine[name] = engine.get(name, 0.0) + own
+        else:
+            layer = "other"
+        layers[layer] += own
+    return layers, sorted(engine.items(), key=lambda item: -item[1])
 
 
 def _copy(instance: Any, **changes: Any) -> Any:

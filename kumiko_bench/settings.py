@@ -13,12 +13,41 @@ env = environ.Env()
 
 SECRET_KEY = "kumiko-bench-not-a-site"
 DEBUG = False
-ALLOWED_HOSTS: list[str] = []
+# The dashboard scenario asks for admin pages with Django's test client.
+ALLOWED_HOSTS: list[str] = ["testserver"]
 
 INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
     "kumiko_workflows",
     "kumiko_bench",
 ]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "kumiko_bench.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+STATIC_URL = "static/"
 
 DATABASES = {
     # On SQLite this file is never opened: the bench works in a temporary one.

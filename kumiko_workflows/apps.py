@@ -80,6 +80,7 @@ class KumikoWorkflowsConfig(AppConfig):
                 order=30,
                 replay=False,
                 builtin=True,
+                after_check=wakeups.after_event_check,
             )
             projections.register(
                 "kumiko_workflows.trigger",

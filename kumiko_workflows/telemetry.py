@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +41,7 @@ from kumiko_workflows.workflow.step_kind import Suspend, path_text
 
 try:
     from opentelemetry import context, metrics, trace
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
 except ImportError:  # the optional extra is not installed: every hook is a no-op
     context = metrics = trace = None  # type: ignore[assignment]
 
@@ -214,6 +216,48 @@ def _end(span: Any, token: Any, outcome: str) -> None:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _live() -> _Instruments | None:
+    """The instruments to record with; None while the global providers are the API's
+    proxies (no SDK set up: nothing is recorded, so no span or attribute is built)."""
+    active = _active
+    if active is None or active is not _global:
+        return active
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        if isinstance(metrics.get_meter_provider(), _ProxyMeterProvider):
+            return None
+    return active
+
+
+#: A worker batch's committed counts ((counter, labels) -> n) and resume lags.
+_Tally = tuple[dict[tuple[Any, tuple[tuple[str, Any], ...]], int], list[tuple[float, Any]]]
+_tally: ContextVar[_Tally | None] = ContextVar("kumiko_telemetry_tally", default=None)
+
+
+@contextmanager
+def counting_batch() -> Iterator[None]:
+    """Around a worker's batch: its resumes' counts, gathered at their commit (never for
+    one rolled back), are added at the end, one increment per workflow and outcome; the
+    lags one by one (a histogram takes values)."""
+    active = _live()
+    if active is None:
+        yield
+        return
+    tally: _Tally = ({}, [])
+    token = _tally.set(tally)
+    try:
+        yield
+    finally:
+        _tally.reset(token)
+        _add(active, tally)
+
+
+def _add(active: _Instruments, tally: _Tally) -> None:
+    for (counter, attributes), count in tally[0].items():
+        counter.add(count, dict(attributes))
+    for lag, labels in tally[1]:
+        active.resume_lag.record(lag, labels)
+
+
 # --- hooks of the engine --------------------------------------------------------
 
 
@@ -228,8 +272,9 @@ def traced_start(start_run: _F) -> _F:
 
     @wraps(start_run)
     def start(workflow: Any, event: Any, *args: Any, **kwargs: Any) -> Any:
-        active = _active
-        assert active is not None
+        active = _live()
+        if active is None:
+            return start_run(workflow, event, *args, **kwargs)
         attributes = {WORKFLOW: workflow.name, VERSION: workflow.version, TENANT: event.tenant_id}
         span = active.tracer.start_span(f"start {workflow.name}", attributes=attributes)
         token = _current(span)
@@ -260,8 +305,9 @@ def traced_resume(resume_row: _F) -> _F:
 
     @wraps(resume_row)
     def resume(row: Any, trigger: Any, now: datetime) -> tuple[str, bool]:
-        active = _active
-        assert active is not None
+        active = _live()
+        if active is None:
+            return resume_row(row, trigger, now)
         state = row.state if isinstance(row.state, dict) else {}
         link = state.get("trace")
         start = _span_context(link)
@@ -299,12 +345,18 @@ def traced_resume(resume_row: _F) -> _F:
         if claimed:
             counts.append((active.resumes, labels))
         if counts:
+            # In a worker's batch, joined to its counts at commit (added at its end).
+            batch = _tally.get()
+            tally: _Tally = batch if batch is not None else ({}, [])
 
             def count() -> None:
                 for counter, attributes in counts:
-                    counter.add(1, attributes)
+                    key = (counter, tuple(attributes.items()))
+                    tally[0][key] = tally[0].get(key, 0) + 1
                 if claimed:
-                    active.resume_lag.record(lag, labels)
+                    tally[1].append((lag, labels))
+                if batch is None:
+                    _add(active, tally)
 
             _at_commit(count)
         return segment.outcome, claimed
@@ -314,7 +366,7 @@ def traced_resume(resume_row: _F) -> _F:
 
 def run_step(execution: Any, step: Any, path: tuple[Any, ...]) -> None:
     """Run ``step`` at ``path`` in a span of its own, and time it."""
-    active = _active
+    active = _live()
     if active is None:
         step.run(execution, path)
         return
@@ -363,7 +415,7 @@ def carry(state: dict[str, Any]) -> dict[str, Any]:
 
 def appended(stream: Any, type: str, payload: dict[str, Any]) -> None:
     """A run event was appended to ``stream``: the segment's outcome, and the run counts."""
-    active = _active
+    active = _live()
     if active is None:
         return
     segment = _segment.get()

@@ -48,7 +48,15 @@ def assert_result_lines(output: str) -> None:
         ), output
     # The drain at the configured BATCH_SIZE and at one run per commit, each beside the floor,
     # and traced beside untraced.
-    for name in ("append", "drain", "drain_batch1", "drain_traced", "tasks"):
+    # The batched modes beside the batched floor too.
+    for name in (
+        "append",
+        "drain",
+        "drain_vs_batched_floor",
+        "drain_batch1",
+        "drain_traced",
+        "tasks",
+    ):
         assert re.search(rf"^RATIO name={name} value=[\d.]+$", output, re.M), output
     # Django tasks: enqueued, then executed beside the same number of one-step runs.
     for name in ("tasks", "tasks_enqueue"):
@@ -61,12 +69,26 @@ def assert_result_lines(output: str) -> None:
         re.M,
     ), output
     assert re.search(r"^drain_traced .* 2 spans per run exported$", output, re.M), output
+    # An awaited append beside a plain one, alone and in one transaction; the profile.
+    for mode in ("awaited_append", "awaited_append_tx"):
+        assert re.search(
+            rf"^AWAITED_APPEND mode={mode} awaited_ms=[\d.]+ plain_ms=[\d.]+ cost=[\d.]+$",
+            output,
+            re.M,
+        ), output
+    assert re.search(
+        r"^PROFILE batch=1 runs=\d+ us_per_run=\d+ database=\d+% driver=\d+% django=\d+% "
+        r"engine=\d+% other=\d+%$",
+        output,
+        re.M,
+    ), output
     # With 20 rows the planner may rightly prefer a sequential scan.
     assert re.search(r"^SCAN ms=[\d.]+ index=(yes|no)$", output, re.M), output
     if on_postgres():
         assert re.search(r"^RESULT name=kumiko_wake n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=drain_2 value=", output, re.M), output
         assert re.search(r"^RATIO name=drain_2_vs_1 value=", output, re.M), output
+        assert re.search(r"^RATIO name=drain_2_vs_batched_floor value=", output, re.M), output
         assert re.search(r"^RESULT name=kumiko_slow_step n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=fairness value=[\d.]+$", output, re.M), output
         assert re.search(

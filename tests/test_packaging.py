@@ -102,6 +102,16 @@ def test_the_wheel_ships_the_admin_templates(wheel: zipfile.ZipFile) -> None:
     assert not [name for name in wheel.namelist() if "__pycache__" in name]
 
 
+def test_the_wheel_ships_the_admin_stylesheet(wheel: zipfile.ZipFile) -> None:
+    styles = {name for name in wheel.namelist() if name.endswith(".css")}
+    shipped = {
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / "kumiko_workflows" / "static").rglob("*.css")
+    }
+    assert "kumiko_workflows/static/kumiko_workflows/admin.css" in styles
+    assert styles == shipped
+
+
 def _metadata(wheel: zipfile.ZipFile) -> Message:
     (name,) = (name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
     return Parser().parsestr(wheel.read(name).decode())

@@ -507,3 +507,27 @@ def test_the_queued_gauge_counts_the_runs_a_limit_holds_back(otel, future):
 
     assert otel.value("kumiko.runs.queued", tenant="default", suspension="limited") == 1
     assert otel.value("kumiko.runs.queued", tenant="default", suspension="rate") == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_adds_its_resume_counts_once_at_its_commit(otel, monkeypatch):
+    events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(5)]
+    active = telemetry._active
+    assert active is not None
+    added: list[tuple[str, int]] = []
+    for name in ("resumes", "completed"):
+        counter = getattr(active, name)
+
+        def add(amount, attributes=None, *args, _add=counter.add, _name=name, **kwargs):
+            added.append((_name, amount))
+            return _add(amount, attributes, *args, **kwargs)
+
+        monkeypatch.setattr(counter, "add", add)
+    report = resume_due_runs(now=events[-1].created_at + timedelta(seconds=1))
+    assert report.completed == 5
+    # One batch: one increment of five per counter, not five of one.
+    assert sorted(added) == [("completed", 5), ("resumes", 5)]
+    assert otel.value("kumiko.resumes", workflow="t-wait") == 5
+    assert otel.value("kumiko.runs.completed", workflow="t-wait") == 5
+    (lag,) = otel.metrics()["kumiko.resume.lag"].values()
+    assert lag.count == 5

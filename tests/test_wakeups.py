@@ -11,14 +11,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from kumiko_workflows import append_event, resume_due_runs, run_id_for
 from kumiko_workflows import event_types as et
 from kumiko_workflows.engine.wakeups import wake_for_event
-from kumiko_workflows.models import Event, WorkflowRunPending, WorkflowWaitKey
+from kumiko_workflows.models import Event, WakeCheck, WorkflowRunPending, WorkflowWaitKey
 from kumiko_workflows.operations.rebuild import check
 from kumiko_workflows.workflow.matching import (
     canonical_value,
@@ -314,3 +314,54 @@ def test_the_engines_own_event_types_cannot_be_awaited():
             register=False,
         )
 
+
+
+# --- the cost of an awaited append when nobody waits (issue 26) -----------------
+
+
+def _statements(run):
+    seen: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        run()
+    return [sql for sql in seen if not sql.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_awaited_appends_nobody_waits_for_are_an_insert_each_and_one_settling_statement():
+    append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "warm"})
+
+    def five() -> None:
+        with transaction.atomic():
+            for i in range(5):
+                append_event(uuid.uuid4(), "user", "t.verified", {"user_id": f"nobody-{i}"})
+
+    statements = _statements(five)
+    # Each insert leaves its wake-up check in the same statement; after the
+    # commit one statement settles the five checks together.
+    assert len(statements) == 6, statements
+    assert all("kumiko_workflows_wakecheck" in sql for sql in statements)
+    assert not WakeCheck.objects.exists()
+    # Alone, in autocommit: the insert, then the settling statement.
+    assert len(_statements(lambda: append_event(uuid.uuid4(), "user", "t.verified", {}))) == 2
+    assert not WakeCheck.objects.exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_check_whose_type_is_waited_for_after_commit_is_decided_not_settled():
+    # A run waits on another key: the event's check cannot be settled as quiet,
+    # it is decided in full, and wakes nothing it should not.
+    waiting = trigger("t.signed-up", user_id="someone-else", timeout="P7D")
+    verified = append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "nobody"})
+    assert not WakeCheck.objects.filter(event_id=verified.id).exists()
+    run_id = run_id_for("t-event", waiting.payload["run_key"])
+    assert et.WAKE_REQUESTED not in types_of(run_id)
+    woken = append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "someone-else"})
+    assert WorkflowRunPending.objects.get(run_id=run_id).awaited_event_id == woken.id
+    assert not WakeCheck.objects.exists()

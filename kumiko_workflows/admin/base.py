@@ -90,6 +90,9 @@ def _many_tenants(request: HttpRequest) -> bool:
 class WorkflowAdmin(admin.ModelAdmin):
     """Read-only and tenant-scoped: the base of the three admins."""
 
+    #: One placeholder everywhere: an empty cell, a fact that does not apply.
+    empty_value_display = "—"
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)
         tenant = admin_tenant(request)

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
 from django.db.models import Q, QuerySet
+from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from kumiko_workflows.admin.base import WorkflowAdmin
 from kumiko_workflows.admin.display import _pre, _short_id, _time, _zoned
+from kumiko_workflows.admin.pictures import payload_preview
 from kumiko_workflows.models import (
     Event,
     WorkflowRun,
@@ -22,6 +26,24 @@ WAKE_WINDOW = 10_000
 
 _ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
 
+
+class EventKindFilter(admin.SimpleListFilter):
+    """Domain events (the site's) apart from the engine's (runs' and schedules' streams)."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("domain", "domain events"), ("engine", "engine events (runs, schedules)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "domain":
+            return queryset.exclude(aggregate_type__in=_ENGINE_AGGREGATE_TYPES)
+        if self.value() == "engine":
+            return queryset.filter(aggregate_type__in=_ENGINE_AGGREGATE_TYPES)
+        return queryset
+
+
 @admin.register(Event)
 class EventAdmin(WorkflowAdmin):
     list_display = (
@@ -31,9 +53,10 @@ class EventAdmin(WorkflowAdmin):
         "aggregate_type",
         "aggregate",
         "version",
+        "preview",
         "tenant_id",
     )
-    list_filter = ("type", "aggregate_type", "tenant_id")
+    list_filter = (EventKindFilter, "type", "aggregate_type", "tenant_id")
     search_fields = ("aggregate_id",)
     search_help_text = "An aggregate id (whole, or its first 8 characters), or an event id."
     ordering = ("-id",)
@@ -65,6 +88,10 @@ class EventAdmin(WorkflowAdmin):
     @admin.display(description=_zoned("created"), ordering="id")
     def created(self, event: Event) -> str:
         return _time(event.created_at)
+
+    @admin.display(description="payload")
+    def preview(self, event: Event) -> str:
+        return payload_preview(event)
 
     @admin.display(description="aggregate id", ordering="aggregate_id")
     def aggregate(self, event: Event) -> str:

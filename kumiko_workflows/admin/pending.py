@@ -8,6 +8,7 @@ from django.db.models import F
 
 from kumiko_workflows.admin.base import WorkflowAdmin
 from kumiko_workflows.admin.display import _pre, _time, _zoned
+from kumiko_workflows.admin.pictures import step_cell
 from kumiko_workflows.models import (
     SuspensionType,
     WorkflowRunPending,
@@ -27,14 +28,14 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
         "workflow",
         "workflow_version",
         "tenant_id",
-        "step",
+        "step_text",
         "suspension_type",
         "wake",
         "due",
         "awaiting",
     )
     # The first column links to the run; the step, to this row's own page.
-    list_display_links = ("step",)
+    list_display_links = ("step_text",)
     list_filter = ("suspension_type", "workflow_name", "workflow_version", "tenant_id")
     search_fields = ("run_id",)
     search_help_text = "A run id (whole, or its first 8 characters)."
@@ -78,6 +79,10 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     @admin.display(description="run", ordering="run_id")
     def run(self, row: WorkflowRunPending) -> str:
         return self._run_link(row.run_id)
+
+    @admin.display(description="step", ordering="step")
+    def step_text(self, row: WorkflowRunPending) -> str:
+        return step_cell(row.workflow_name, row.step, row.workflow_version)
 
     @admin.display(description=_zoned("wakes at"), ordering="wake_at")
     def wake(self, row: WorkflowRunPending) -> str:

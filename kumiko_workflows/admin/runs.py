@@ -18,8 +18,10 @@ from django.utils.html import format_html
 
 from kumiko_workflows.admin.actions import RunActions
 from kumiko_workflows.admin.base import WorkflowAdmin, _many_tenants, admin_tenant
+from kumiko_workflows.admin.dashboard import PagesMixin
 from kumiko_workflows.admin.display import _breakable, _clipped, _short_id, _time, _zoned
 from kumiko_workflows.admin.family import family
+from kumiko_workflows.admin.pictures import EMPTY, Links, run_picture, status_badge, step_cell
 from kumiko_workflows.admin.schedules import ScheduleControls
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
@@ -28,6 +30,7 @@ from kumiko_workflows.models import (
     SuspensionType,
     WorkflowRun,
 )
+from kumiko_workflows.operations.dashboard import failure_reasons_present
 from kumiko_workflows.operations.explain import (
     Explanation,
     attempt_text,
@@ -40,7 +43,6 @@ from kumiko_workflows.operations.explain import (
 )
 from kumiko_workflows.operations.status import outbox_backlog, outbox_problems
 from kumiko_workflows.operations.versions import stale_workers, version_table
-from kumiko_workflows.store.streams import FAILURE_REASONS
 from kumiko_workflows.workflow import clock
 
 #: Seconds an outbox's oldest append may wait before the run list says so
@@ -49,13 +51,17 @@ OUTBOX_MAX_AGE = 60.0
 
 
 class FailureReasonFilter(admin.SimpleListFilter):
-    """The reasons a run can fail with (not a scan of the runs for the ones that occur)."""
+    """The failure reasons the user's failed runs have (one index probe per known reason)."""
 
     title = "failure reason"
     parameter_name = "failure_reason"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(reason, reason) for reason in FAILURE_REASONS]
+        present = failure_reasons_present(model_admin.get_queryset(request))
+        chosen = self.value()
+        if chosen and chosen not in present:
+            present.append(chosen)  # what the list is filtered by stays named
+        return [(reason, reason) for reason in present]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
@@ -63,14 +69,14 @@ class FailureReasonFilter(admin.SimpleListFilter):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
+class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
     list_display = (
         "run",
         "workflow",
         "workflow_version",
-        "status",
+        "status_badge",
         "failure",
-        "current_step",
+        "step_now",
         "search",
         "updated",
     )
@@ -151,11 +157,48 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
 
     @admin.display(description="failure", ordering="failure_reason")
     def failure(self, run: WorkflowRun) -> str:
-        return _breakable(run.failure_reason) if run.failure_reason else "—"
+        return _breakable(run.failure_reason) if run.failure_reason else EMPTY
 
     @admin.display(description="current step", ordering="step")
     def current_step(self, run: WorkflowRun) -> str:
-        return _breakable(step_label(run.workflow_name, run.step, run.workflow_version) or "—")
+        return _breakable(step_label(run.workflow_name, run.step, run.workflow_version) or EMPTY)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: WorkflowRun) -> str:
+        return status_badge(run.status)
+
+    @admin.display(description="current step", ordering="step")
+    def step_now(self, run: WorkflowRun) -> str:
+        """Where a run in flight is: its position, its step's symbol and title under it."""
+        if run.status in SETTLED_STATUSES:
+            return EMPTY  # a finished run is at no step (a failed one's is on its page)
+        return step_cell(run.workflow_name, run.step, run.workflow_version)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The sections that apply to the run: no suspension unless waiting, no failure unless
+        failed (or a retry waits after a failed attempt), no current step once finished."""
+        if obj is None:
+            return super().get_fieldsets(request, obj)
+        settled = obj.status in SETTLED_STATUSES
+        retrying = obj.status == RunStatus.WAITING and obj.retry_attempt
+        shown = []
+        for title, options in self.fieldsets or ():
+            fields = tuple(options["fields"])
+            if title is None:
+                dropped = "current_step" if settled else "finished"
+                fields = tuple(field for field in fields if field != dropped)
+            if title == "Suspension" and obj.status != RunStatus.WAITING:
+                continue
+            if title == "Failure" and obj.status != RunStatus.FAILED and not retrying:
+                continue
+            shown.append((title, {**options, "fields": fields}))
+        return shown
+
+    def tenant_of(self, request: HttpRequest) -> str | None:
+        return admin_tenant(request)
+
+    def get_urls(self) -> Any:
+        return [*self.page_urls(), *super().get_urls()]
 
     @admin.display(description="search key", ordering="search_key")
     def search(self, run: WorkflowRun) -> str:
@@ -188,7 +231,7 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
     @admin.display(description="trigger event")
     def trigger_event(self, run: WorkflowRun) -> str:
         if run.trigger_event_id is None:
-            return "—"
+            return EMPTY
         event = Event.objects.filter(tenant_id=run.tenant_id, id=run.trigger_event_id).first()
         if event is None:
             return format_html("#{} (gone)", run.trigger_event_id)
@@ -273,6 +316,9 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
             context["kw_related"] = self._related(run, awaited_events(entries))
             context["kw_buttons"] = self._buttons(request, run, explanation)
             context["kw_changelist_url"] = self._changelist_url(WorkflowRun)
+            stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
+            events = list(stream.order_by("version"))
+            context.update(run_picture(run, events, clock.now(), Links(self.admin_site.name)))
         return super().change_view(request, object_id, form_url, context)
 
     def _related(self, run: WorkflowRun, awaited: list[tuple[str, int]]) -> list[tuple[str, str]]:

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from django.db.models import F
 
+from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import children, deploys
 from kumiko_workflows.engine.resume_row import resume_row
@@ -319,7 +320,7 @@ def _drain_tenant(
         batch = ResumeReport()
         drained = False
         try:
-            with db.atomic(), fan_in.batched():
+            with telemetry.counting_batch(), db.atomic(), fan_in.batched():
                 savepoints = guarded()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
+
 from kumiko_workflows.exceptions import InvalidEvent, InvalidMatchExpression, VersionConflict
 from kumiko_workflows.models import (
     Event,
@@ -36,7 +38,7 @@ from kumiko_workflows.models import (
     WorkflowChildGroup,
     WorkflowRunPending,
 )
-from kumiko_workflows.store import db, statements
+from kumiko_workflows.store import db, statements, wake_checks
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching
@@ -226,11 +228,20 @@ def _fail_invalid_match(row: WorkflowRunPending, exc: Exception) -> None:
         logger.exception("run=%s could not be marked failed", row.run_id)
 
 
-def _candidates(event: Event) -> list[Any]:
-    """Querysets of the rows ``event`` may wake: stored under a key it offers, or scanned."""
-    paths = statements.wait_paths(event.tenant_id, event.type)
+def _candidates(
+    event: Event, paths: list[str] | None = None, *, scanned: bool = True
+) -> list[Any]:
+    """Querysets of the rows ``event`` may wake: stored under a key it offers, or scanned.
+
+    ``paths`` are the payload paths the tenant's waits for the type use,
+    when known already (else they are looked up); ``scanned`` False: no
+    scanned wait waits for the type, so that query is not made.
+    """
+    if paths is None:
+        paths = statements.wait_paths(event.tenant_id, event.type)
     keys = matching.offered_keys(event.payload, paths)
-    return WorkflowRunPending.objects.candidates(event.tenant_id, event.type, keys)
+    found = WorkflowRunPending.objects.candidates(event.tenant_id, event.type, keys)
+    return found if scanned else found[1:]  # the first is the scanned waits'
 
 
 def _lock(rows: Any) -> tuple[list[WorkflowRunPending], bool]:
@@ -249,10 +260,15 @@ def _lock(rows: Any) -> tuple[list[WorkflowRunPending], bool]:
     return locked, len(locked) >= expected
 
 
-def wake_for_event(event: Event) -> bool:
-    """Wake every waiting run ``event`` ends; False if a candidate was locked (decide again)."""
+def wake_for_event(
+    event: Event, paths: list[str] | None = None, *, scanned: bool = True
+) -> bool:
+    """Wake every waiting run ``event`` ends; False if a candidate was locked (decide again).
+
+    ``paths`` and ``scanned``: what :func:`_candidates` takes.
+    """
     complete = True
-    for rows in _candidates(event):
+    for rows in _candidates(event, paths, scanned=scanned):
         locked, free = _lock(rows)
         complete = complete and free
         for row in locked:
@@ -329,17 +345,63 @@ def project_wakeup(event: Event, replaying: bool) -> None:
     together and the caller sees them at once, on every database. Where
     writers overlap, once more after commit: a run suspending in a
     concurrent transaction, or a row someone else held, is invisible now.
+    There the check is left with one statement that also says what may
+    wait for the event (:func:`wake_checks.record_event_check`), and the rest is
+    :func:`after_event_check`. (When this is the event type's only
+    projection, that statement rides in the event's insert instead.)
     """
     if db.overlapping_writers():
-        _leave_check(event.tenant_id, event_id=event.id)
+        after_event_check(
+            event,
+            wake_checks.record_event_check(event.tenant_id, event.id, event.type, timezone.now()),
+        )
+        return
+    _wake_now(event, None, scanned=True)
+
+
+def after_event_check(event: Event, found: tuple[int, list[str], bool]) -> None:
+    """The awaited event's check is left: wake what waits now; decide it after commit.
+
+    ``found`` is (check id, wait paths, scanned waits) as the statement that
+    left the check read them. Nothing waits: nothing more now. The check
+    joins the transaction's others, decided together after commit
+    (:func:`_decide_event_checks`; in autocommit, at once, after the wake-up).
+    """
+    check, paths, scanned = found
+    if paths or scanned:
+        _wake_now(event, paths, scanned=scanned)
+    db.gather_on_commit(
+        "kumiko_event_checks", (check, event.tenant_id, event.type), _decide_event_checks
+    )
+
+
+def _wake_now(event: Event, paths: list[str] | None, *, scanned: bool) -> None:
     try:
         with db.atomic():
-            wake_for_event(event)
+            wake_for_event(event, paths, scanned=scanned)
     except Exception:
         # Never the domain write's failure (invariant 3): on PostgreSQL the
         # check decides again after commit; on SQLite the next pass's timeout
         # look-back is what is left, and the log says so.
         logger.exception("event=%s type=%s: waking its runs failed", event.id, event.type)
+
+
+def _decide_event_checks(checks: list[tuple[int, str, str]]) -> None:
+    """Decide a committed transaction's event checks: the quiet ones in one statement.
+
+    A check whose event type nothing of its tenant waits for now is
+    deleted with the others like it (:func:`wake_checks.settle_quiet_checks`); the
+    rest are decided one by one (:func:`decide_checks`). Never raises:
+    what is not decided here is left for a worker pass.
+    """
+    try:
+        settled = wake_checks.settle_quiet_checks(checks)
+    except Exception:
+        logger.exception("wake-up checks %s could not be settled", [c for c, *_ in checks])
+        settled = set()
+    rest = [check for check, *_ in checks if check not in settled]
+    if rest:
+        decide_checks(rest)
 
 
 def suspended_on_event(tenant_id: str, run_id: Any) -> None:

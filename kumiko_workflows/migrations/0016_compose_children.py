@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('kumiko_workflows', '0017_limits_slots'),
+        ('kumiko_workflows', '0018_admin_dashboard_indexes'),
     ]
 
     operations = [

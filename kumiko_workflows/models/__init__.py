@@ -7,8 +7,9 @@ and ``WorkflowRunPending`` (one row per suspended step: when it is due,
 ``rebuild_workflow_projections`` recreates them from the events. The
 engine's bookkeeping (tombstones, heartbeats, the signals' outbox, deployed
 definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`;
-the outbox on the site's databases and its relays' records,
-:mod:`~kumiko_workflows.models.outbox`; the flow-control slots
+the admin dashboard's kept counts of past days,
+:mod:`~kumiko_workflows.models.dashboard`; the outbox on the site's
+databases and its relays' records, :mod:`~kumiko_workflows.models.outbox`; the flow-control slots
 (``LimitSlot``, ``RateSlot``, projections too),
 :mod:`~kumiko_workflows.models.limits`.
 Django finds every model here, as ``kumiko_workflows.models``.
@@ -24,6 +25,7 @@ from kumiko_workflows.models.bookkeeping import (
     WorkerHeartbeat,
 )
 from kumiko_workflows.models.children import WorkflowChildGroup
+from kumiko_workflows.models.dashboard import RunDay
 from kumiko_workflows.models.events import Event, EventQuerySet
 from kumiko_workflows.models.limits import LimitSlot, RateSlot
 from kumiko_workflows.models.outbox import OutboxEntry, RelayedAppend
@@ -53,6 +55,7 @@ __all__ = [
     "PurgedRun",
     "RateSlot",
     "RelayedAppend",
+    "RunDay",
     "RunStatus",
     "SignalDelivery",
     "SuspensionType",

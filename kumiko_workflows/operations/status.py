@@ -99,11 +99,22 @@ def due_by_tenant(tenant: str | None, now: datetime) -> dict[str, int]:
 
 
 def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:
-    """The oldest due pending row and how long it has waited for a worker (its lag), or None."""
-    due = WorkflowRunPending.objects.for_tenant(tenant).due(now)
-    oldest = due.order_by("wake_at", "id").first()
-    if oldest is None or oldest.wake_at is None:
+    """The oldest due pending row and how long it has waited for a worker (its lag), or None.
+
+    Without a tenant, one probe of ``kw_pending_due`` per tenant that has due
+    rows (the index leads with the tenant), the oldest of them kept.
+    """
+    tenants = [tenant] if tenant is not None else claims.due_tenants(now)
+    found = []
+    for each in tenants:
+        due = WorkflowRunPending.objects.filter(tenant_id=each).due(now)
+        row = due.order_by("wake_at", "id").first()
+        if row is not None and row.wake_at is not None:
+            found.append(row)
+    if not found:
         return None
+    oldest = min(found, key=lambda row: (row.wake_at, row.id))
+    assert oldest.wake_at is not None
     lag = now - oldest.wake_at
     return {
         "run_id": str(oldest.run_id),

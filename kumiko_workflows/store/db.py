@@ -242,3 +242,29 @@ def connection_broken() -> bool:
     """Whether the engine's database connection itself is gone (not just a failed statement)."""
     raw = engine().connection
     return raw is None or bool(getattr(raw, "closed", False))
+
+
+def gather_on_commit(name: str, item: Any, decide: Callable[[list[Any]], Any]) -> None:
+    """Add ``item`` to the current transaction's list ``name``; at commit, ``decide(list)`` once.
+
+    For work after commit that is cheaper taken together (one statement for
+    a transaction's many appends) than one by one. Each item registers a
+    callback of its own, so a savepoint rolled back takes none of the
+    others' away; the first to run takes the whole list. An item whose
+    savepoint was rolled back may still be in it: ``decide`` must take
+    items whose rows are gone as a no-op. A list left by a transaction
+    that rolled back is dropped when the next one gathers.
+    """
+    conn = engine()
+    lists: dict[str, list[Any]] = conn.__dict__.setdefault("_kumiko_gathered", {})
+    if not conn.run_on_commit:
+        lists.clear()  # nothing pending at commit: what is gathered was rolled back
+    items = lists.setdefault(name, [])
+    items.append(item)
+
+    def run() -> None:
+        taken = lists.pop(name, None)
+        if taken:
+            decide(taken)
+
+    transaction.on_commit(run, using=conn.alias, robust=True)

@@ -34,6 +34,14 @@ class Projection:
     #: can chain it to the event's insert (one statement): (model, values,
     #: where) of an ``UPDATE``, or None to be applied as usual.
     fold: Callable[[Event], Any] | None = field(default=None, compare=False)
+    #: For the wake-up reaction: its first statement (leaving the event's
+    #: wake-up check, see ``store.db.insert_checked_sql``) rides in the
+    #: event's insert when it is the only projection of the type, and this
+    #: does the rest, given (check id, wait paths, scanned waits) instead of
+    #: ``apply``.
+    after_check: Callable[[Event, tuple[int, list[str], bool]], None] | None = field(
+        default=None, compare=False
+    )
 
 
 class ProjectionRegistry:
@@ -50,12 +58,13 @@ class ProjectionRegistry:
         replay: bool = True,
         builtin: bool = False,
         fold: Callable[[Event], Any] | None = None,
+        after_check: Callable[[Event, tuple[int, list[str], bool]], None] | None = None,
     ) -> Projection:
         """Add a projection; ``handles`` is a set of event types or a predicate."""
         if name in self:
             raise ValueError(f"a projection named {name!r} is already registered")
         predicate = handles if callable(handles) else frozenset(handles).__contains__
-        projection = Projection(order, name, predicate, apply, replay, builtin, fold)
+        projection = Projection(order, name, predicate, apply, replay, builtin, fold, after_check)
         self._projections.append(projection)
         self._projections.sort()
         return projection
@@ -72,6 +81,16 @@ class ProjectionRegistry:
             if (projection.replay or not replaying) and projection.handles(event_type):
                 return True
         return False
+
+    def checked_alone(self, event_type: str) -> Projection | None:
+        """The projection with ``after_check`` if it is the only one that handles the type."""
+        found = None
+        for projection in self._projections:
+            if projection.handles(event_type):
+                if found is not None or projection.after_check is None:
+                    return None
+                found = projection
+        return found
 
     def foreign_handlers(self, event_types: Iterable[str]) -> bool:
         """Whether a projection other than the engine's own handles any of ``event_types``."""

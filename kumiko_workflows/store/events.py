@@ -36,11 +36,11 @@ from kumiko_workflows.exceptions import (
     VersionConflict,
 )
 from kumiko_workflows.models import Event
-from kumiko_workflows.store import appends, cursors, outbox, statements
+from kumiko_workflows.store import appends, cursors, outbox, statements, wake_checks
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.appends import EVENT_COLUMNS
 from kumiko_workflows.store.db import chains_writes
-from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
+from kumiko_workflows.store.dispatch import Projection, folded, others_listen_to_post_save, registry
 from kumiko_workflows.store.event_checks import (
     _column_max,
     _counter,
@@ -256,30 +256,36 @@ def _insert(
     aggregate = values[1]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
-        sql, params = appends.insert_event_sql("next"), [*values, tenant, aggregate, *foreign]
+        shape, params = "next", [*values, tenant, aggregate, *foreign]
     elif expected_version == 0 and aggregate_type in ENGINE_STREAMS:
-        sql, params = appends.insert_event_sql("new_engine"), [*values, 1]
+        shape, params = "new_engine", [*values, 1]
     elif expected_version == 0:
-        sql, params = appends.insert_event_sql("new"), [*values, 1, *foreign]
+        shape, params = "new", [*values, 1, *foreign]
     else:
-        sql = appends.insert_event_sql("after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
-        params = [*values, expected_version + 1, *previous]
+        shape, params = "after", [*values, expected_version + 1, *previous]
+    sql = appends.insert_event_sql(shape)
     projected = registry.handles(event.type)
+    chained = projected and db_statements.chains_writes() and not others_listen_to_post_save()
+    checked = registry.checked_alone(event.type) if chained else None
+    if checked is not None:
+        sql = wake_checks.insert_checked_sql(shape)  # the wake-up's check rides in it
+        params = wake_checks.checked_params(params, tenant, event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
-    # A block with a savepoint of its own (or a transaction) can run again
-    # once a pooler's refusal of a prepared statement rolled it back: the
-    # connection prepares nothing from then on (store.db._PreparingCursor).
+    # A block with a savepoint of its own (or a transaction) can run again once a
+    # pooler's refusal of a prepared statement rolled it back: the connection
+    # prepares nothing from then on (store.cursors._PreparingCursor).
     again = projected and (savepoint or not db.in_atomic_block)
+
     for _ in range(attempts):
         try:
-            written = _write(db, event, sql, params, projected, savepoint)
+            written = _write(db, event, sql, params, projected, savepoint, checked)
         except DatabaseError as exc:
             if not (again and cursors.lost_prepared_statement(exc)):
                 raise
             again = False
-            written = _write(db, event, sql, params, projected, savepoint)
+            written = _write(db, event, sql, params, projected, savepoint, checked)
         if written:
             return
         refusal = _refusal(event, expected_version)
@@ -295,15 +301,22 @@ def _write(
     params: list[Any],
     projected: bool,
     savepoint: bool,
+    checked: Projection | None = None,
 ) -> bool:
-    """Run the insert (and the projections, in one atomic block); whether a row was written."""
-    block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
-    with block:
+    """Run the insert (and the projections, in one atomic block); whether a row was written.
+
+    ``checked``: the type's only projection, the wake-up, whose check rides in
+    the insert (in autocommit, one statement needing no block); its rest follows."""
+    blocked = projected and (checked is None or db.in_atomic_block)
+    with db_statements.atomic(savepoint=savepoint) if blocked else nullcontext():
         rows = appends.run_insert(sql, params, db)
-        if rows:
-            _saved(db, event, rows[0], projected)
-            return True
-    return False
+        if not rows:
+            return False
+        _saved(db, event, rows[0][:2], projected and checked is None)
+        if checked is not None and checked.after_check is not None:
+            _id, _version, check, scanned, paths = rows[0]
+            checked.after_check(event, (check, list(paths), bool(scanned)))
+    return True
 
 
 def _row_values(db: BaseDatabaseWrapper, event: Event, json_texts: tuple[str, str]) -> list[Any]:

@@ -32,6 +32,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import _now_sql, engine
 from kumiko_workflows.store.statement_cache import _instance_of, statement
+from kumiko_workflows.store.wake_checks import wait_paths_cte
 from kumiko_workflows.workflow.event_types import CALL_AGGREGATE_TYPE, RUN_AGGREGATE_TYPE
 
 
@@ -44,23 +45,13 @@ def wait_paths(tenant_id: str, event_type: str) -> list[str]:
     PostgreSQL plans ``MIN`` as an aggregate over every key of the event
     type (design rule 12).
     """
-    table = engine().ops.quote_name(WorkflowWaitKey._meta.db_table)
-    sql = f"""
-        WITH RECURSIVE paths(path) AS (
-            SELECT (
-                SELECT k.path FROM {table} k WHERE k.tenant_id = %s AND k.event_type = %s
-                ORDER BY k.path LIMIT 1
-            )
-            UNION ALL
-            SELECT (
-                SELECT k.path FROM {table} k
-                WHERE k.tenant_id = %s AND k.event_type = %s AND k.path > p.path
-                ORDER BY k.path LIMIT 1
-            )
-            FROM paths p WHERE p.path IS NOT NULL
-        )
-        SELECT path FROM paths WHERE path IS NOT NULL
-    """  # noqa: S608 - the table name comes from the model; values are parameters
+    sql = statement(
+        ("wait_paths",),
+        lambda: (
+            f"WITH RECURSIVE {wait_paths_cte(engine().ops)} "  # noqa: S608 - identifiers
+            "SELECT path FROM paths WHERE path IS NOT NULL"
+        ),
+    )
     params: list[Any] = [tenant_id, event_type, tenant_id, event_type]
     with engine().cursor() as cursor:
         cursor.execute(sql, params)
