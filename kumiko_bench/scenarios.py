@@ -42,9 +42,9 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
     WorkflowWaitKey,
 )
-from kumiko_workflows.steps import compute, wait, wait_for_event
+from kumiko_workflows.steps import compute, fan_out, wait, wait_for_event
 from kumiko_workflows.workflow.definition import define_workflow, run_id_for
-from kumiko_workflows.workflow.triggers import on_event
+from kumiko_workflows.workflow.triggers import on_call, on_event
 
 logger = logging.getLogger("kumiko_bench")
 
@@ -58,6 +58,9 @@ DRAIN_TRIGGER = "kumiko-bench.drain-requested"
 WAKE_TRIGGER = "kumiko-bench.wake-started"
 SLOW_TRIGGER = "kumiko-bench.slow-requested"
 WAKE_EVENT = "kumiko-bench.wake-go"
+FAN_WORKFLOW = "kumiko-bench-fan-parent"
+FAN_CHILD_WORKFLOW = "kumiko-bench-fan-child"
+FAN_TRIGGER = "kumiko-bench.fan-requested"
 APPEND_TYPE = "kumiko-bench.appended"
 #: Scratch tables (the baselines' copies) are named ``kumiko_bench_<name>``.
 PREFIX = "kumiko_bench"
@@ -77,6 +80,7 @@ SCENARIOS = (
     "memory",
     "unanalysed",
     "tasks",
+    "fan_out",
     "dashboard",
 )
 DEFAULT_N = {
@@ -93,6 +97,7 @@ DEFAULT_N = {
     "profile": 2000,
     "unanalysed": 10_000,
     "tasks": 2000,
+    "fan_out": 1000,
     "dashboard": 1_000_000,
 }
 #: Waiting runs (beside the one woken) at which wake_scale times an append.
@@ -155,6 +160,10 @@ def _key(event: Any) -> str:
     return event.payload["key"]
 
 
+def _fan_items(ctx: Any) -> list[int]:
+    return list(range(ctx.event.payload["count"]))
+
+
 def register_bench_workflows() -> None:
     """Register the bench's workflows in this process (again is a no-op).
 
@@ -179,6 +188,17 @@ def register_bench_workflows() -> None:
         on_event(SLOW_TRIGGER),
         idempotency_key=_key,
         steps=[wait(_wake_at), compute("nap", _nap)],
+    )
+    # One parent, one child per item (scenario fan_out): each child queued for
+    # a worker, as ONE_STEP_WORKFLOW's runs are; the last to finish wakes the parent.
+    child = define_workflow(
+        FAN_CHILD_WORKFLOW, on_call(), start="worker", steps=[compute("noop", _noop)]
+    )
+    define_workflow(
+        FAN_WORKFLOW,
+        on_event(FAN_TRIGGER),
+        idempotency_key=_key,
+        steps=[fan_out("children", workflow=child, items=_fan_items)],
     )
     # A task's equivalent run (scenario tasks): queued for a worker, one no-op step.
     define_workflow(
@@ -688,7 +708,6 @@ class Bench:
         a run (the framework's TaskResult, its signals, the attempt row).
         """
         from kumiko_workflows.conf import workflow_settings
-        from kumiko_workflows.store.events import append_event
 
         n = self.size("tasks")
         enqueue_times: list[float] = []
@@ -713,14 +732,7 @@ class Bench:
                     raise RuntimeError(f"tasks: {done} of {n} tasks completed")
                 task_times.append(seconds)
                 self.fresh_database()
-                for _ in range(n):
-                    append_event(
-                        uuid.uuid4(),
-                        SOURCE,
-                        ONE_STEP_TRIGGER,
-                        {"key": uuid.uuid4().hex},
-                        tenant_id=self.tenant,
-                    )
+                self.seed_one_step_runs(n)
                 seconds, _reports = self.go(self.start_workers("drain", 1))
                 done = WorkflowRun.objects.filter(
                     tenant_id=self.tenant, status=RunStatus.COMPLETED
@@ -782,6 +794,83 @@ class Bench:
             db_enqueue,
             "django-tasks-db enqueue",
             note="enqueue, autocommit",
+        )
+
+    def seed_one_step_runs(self, n: int) -> None:
+        """``n`` runs of the one-step workflow, queued for a worker, each by its own trigger."""
+        from kumiko_workflows.store.events import append_event
+
+        for _ in range(n):
+            append_event(
+                uuid.uuid4(),
+                SOURCE,
+                ONE_STEP_TRIGGER,
+                {"key": uuid.uuid4().hex},
+                tenant_id=self.tenant,
+            )
+
+    def scenario_fan_out(self) -> None:
+        """One parent with N children, 2 workers, beside N independent runs drained alike.
+
+        The parent's trigger starts it inline: its fan-out requests N children
+        and queues them (one transaction). Two worker processes then run the
+        children; the last to finish wakes the parent, which completes. The
+        time is from the trigger's append to the parent's completion. The
+        baseline: N independent one-step runs queued in one transaction (the
+        same queued start each child has) and drained by two workers the same
+        way. Ratio: baseline time / fan-out time (1.0: composition costs
+        nothing). Also printed: the children's and the baseline's time per run.
+        """
+        from kumiko_workflows.store.events import append_event
+
+        if self.vendor != "postgresql":
+            self.skip("fan_out", "SQLite allows one writer: two workers need PostgreSQL")
+            return
+        n = self.size("fan_out")
+        fan_times: list[float] = []
+        run_times: list[float] = []
+        for _ in range(self.rounds):
+            self.fresh_database()
+            procs = self.start_workers("drain", 2)
+            key = uuid.uuid4().hex
+            started = time.perf_counter()
+            append_event(
+                uuid.uuid4(), SOURCE, FAN_TRIGGER, {"key": key, "count": n}, tenant_id=self.tenant
+            )
+            self.go(procs)
+            fan_times.append(time.perf_counter() - started)
+            parent = WorkflowRun.objects.get(run_id=run_id_for(FAN_WORKFLOW, key, self.tenant))
+            children = WorkflowRun.objects.filter(
+                tenant_id=self.tenant, parent_run_id=parent.run_id, status=RunStatus.COMPLETED
+            ).count()
+            if parent.status != RunStatus.COMPLETED or children != n:
+                raise RuntimeError(
+                    f"fan_out: parent {parent.status}, {children} of {n} children completed"
+                )
+
+            self.fresh_database()
+            procs = self.start_workers("drain", 2)
+            started = time.perf_counter()
+            with transaction.atomic():
+                self.seed_one_step_runs(n)
+            self.go(procs)
+            run_times.append(time.perf_counter() - started)
+            done = WorkflowRun.objects.filter(
+                tenant_id=self.tenant, status=RunStatus.COMPLETED
+            ).count()
+            if done != n:
+                raise RuntimeError(f"fan_out: {done} of {n} independent runs completed")
+        fan, base = statistics.median(fan_times), statistics.median(run_times)
+        self._ratio_result(
+            "fan_out",
+            n,
+            fan_times,
+            run_times,
+            "kumiko independent one-step runs, 2 workers",
+            note=(
+                f"trigger to parent completion, 2 workers; {1000 * fan / n:.2f} ms per child, "
+                f"{1000 * base / n:.2f} ms per independent run"
+            ),
         )
 
     def scenario_drain_traced(self) -> None:

@@ -20,6 +20,7 @@ _EXPORTS = {
     "define_workflow": "kumiko_workflows.workflow.definition",
     "on_event": "kumiko_workflows.workflow.triggers",
     "on_cron": "kumiko_workflows.workflow.cron",
+    "on_call": "kumiko_workflows.workflow.triggers",
     "run_id_for": "kumiko_workflows.workflow.definition",
     "Limit": "kumiko_workflows.workflow.limits",
     "Rate": "kumiko_workflows.workflow.limits",
@@ -101,6 +102,7 @@ __all__ = [
     "load_stream",
     "match",
     "migrate_workflow_runs",
+    "on_call",
     "on_cron",
     "on_event",
     "pause_schedule",
@@ -159,7 +161,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiko_workflows.workflow.cron import on_cron
     from kumiko_workflows.workflow.definition import define_workflow, run_id_for
     from kumiko_workflows.workflow.limits import Limit, Rate
-    from kumiko_workflows.workflow.triggers import on_event
+    from kumiko_workflows.workflow.triggers import on_call, on_event
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows import checks  # noqa: F401 - registers the system checks
         from kumiko_workflows import event_types as et
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
+            children,
             deploys,
             gates,
             limits,
@@ -24,6 +25,7 @@ class KumikoWorkflowsConfig(AppConfig):
             wakeups,
         )
         from kumiko_workflows.models import Event
+        from kumiko_workflows.projections import children as children_projection
         from kumiko_workflows.projections import limits as limit_slots
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
@@ -54,7 +56,24 @@ class KumikoWorkflowsConfig(AppConfig):
                 order=25,
                 builtin=True,
             )
+            projections.register(
+                "kumiko_workflows.children",
+                children_projection.HANDLED,
+                children_projection.project_children,
+                order=26,
+                builtin=True,
+            )
             # The reactions append run events: a replay replays those, not them.
+            projections.register(
+                "kumiko_workflows.fan_in",
+                frozenset(et.TERMINAL),
+                lambda event, replaying: children.on_child_finished(
+                    event, replaying, children.starter()
+                ),
+                order=35,
+                replay=False,
+                builtin=True,
+            )
             projections.register(
                 "kumiko_workflows.wakeup",
                 workflows.is_awaited,

@@ -7,7 +7,18 @@ a step kind written outside the package uses); this module re-exports them.
 
 from __future__ import annotations
 
+from kumiko_workflows.workflow.composition import (
+    ON_CANCEL,
+    ON_CHILD_FAILURE,
+    CallWorkflow,
+    FanOut,
+    Repeat,
+    call_workflow,
+    fan_out,
+    repeat,
+)
 from kumiko_workflows.workflow.step_kind import (
+    ChildSpec,
     Execution,
     Path,
     Problem,
@@ -35,23 +46,32 @@ from kumiko_workflows.workflow.steps import (
 
 __all__ = [
     "BACKOFFS",
+    "ON_CANCEL",
+    "ON_CHILD_FAILURE",
     "Branch",
+    "CallWorkflow",
+    "ChildSpec",
     "Compute",
     "Execution",
+    "FanOut",
     "Path",
     "Problem",
+    "Repeat",
     "Retry",
     "Step",
     "Suspend",
     "Wait",
     "WaitForEvent",
     "branch",
+    "call_workflow",
     "callable_name",
     "compute",
     "describe_value",
+    "fan_out",
     "is_static",
     "iter_steps",
     "path_text",
+    "repeat",
     "retry",
     "wait",
     "wait_for_event",

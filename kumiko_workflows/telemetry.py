@@ -75,6 +75,8 @@ _OUTCOMES = {
     et.WAITING: "suspended",
     et.WAITING_FOR_EVENT: "suspended",
     et.RETRY_SCHEDULED: "suspended",
+    et.WAITING_FOR_CHILDREN: "suspended",
+    et.COMPENSATION_SCHEDULED: "suspended",
     et.RUN_COMPLETED: "completed",
     et.RUN_FAILED: "failed",
 }

@@ -98,6 +98,8 @@ def assert_result_lines(output: str) -> None:
             re.M,
         ), output
         assert re.search(r"^RATIO name=unanalysed value=[\d.]+$", output, re.M), output
+        assert re.search(r"^RESULT name=kumiko_fan_out n=20 ", output, re.M), output
+        assert re.search(r"^RATIO name=fan_out value=[\d.]+$", output, re.M), output
         assert re.search(
             r"^UNANALYSED waiting=20 p50_ms=[\d.]+ analysed_p50_ms=[\d.]+$", output, re.M
         ), output
@@ -112,6 +114,7 @@ def assert_result_lines(output: str) -> None:
         assert "SKIPPED name=kumiko_slow_step reason=SQLite allows one writer" in output
         assert "SKIPPED name=kumiko_fairness reason=SQLite allows one writer" in output
         assert "SKIPPED name=kumiko_unanalysed reason=needs PostgreSQL" in output
+        assert "SKIPPED name=kumiko_fan_out reason=SQLite allows one writer" in output
     assert "scenario" in output and "per sec" in output  # the table for people
 
 

@@ -42,6 +42,16 @@ def test_the_demo_finishes_every_run_and_the_projections_match_the_events():
     assert "failed        2  failed: step_failed at step 2.else.0 (ChargeDeclined)" in out
     assert "cancelled     2  cancelled by support" in out
     assert "total        24" in out
+    # The per-line fan-out, and its compensation when the charge fails or support cancels.
+    assert "24 line reservations ran as child runs" in out
+    assert (
+        "failed        2  failed: step_failed at step 2.else.0 (ChargeDeclined), "
+        "reservations released" in out
+    )
+    assert "cancelled     2  cancelled by support, reservations released" in out
+    assert Event.objects.filter(type="order.stock-released").count() == 4
+    lines = WorkflowRun.objects.filter(workflow_name="order-line-reservation")
+    assert lines.count() == 24 and set(lines.values_list("status", flat=True)) == {"completed"}
     assert "Timeline of order #2 (flaky)" in out
     assert out.count(et.RETRY_SCHEDULED) == 2  # its two declined charges
     assert "python manage.py createsuperuser" in out and "python manage.py runserver" in out
@@ -87,7 +97,8 @@ def test_the_demo_runs_as_a_real_process():
     assert "every run finished after simulated" in done.stdout
     assert done.stderr == ""
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "No differences: 12 run(s) and 0 pending row(s)" in check.stdout
+    # 12 orders and their 12 line reservations (child runs).
+    assert "No differences: 24 run(s) and 0 pending row(s)" in check.stdout
 
 
 @pytest.mark.django_db

@@ -38,7 +38,9 @@ def order_events(order):
 def test_an_unpaid_order_is_cancelled_when_its_three_days_are_up(workflows):
     """The example of docs/howto/testing.md, on the example project's workflow."""
     order = uuid.uuid4()
-    workflows.append_event(order, "order", "order.placed", {"order_id": str(order)})
+    workflows.append_event(
+        order, "order", "order.placed", {"order_id": str(order), "items": ["book"]}
+    )
     run = workflows.run_id("order-fulfilment", str(order))
 
     workflows.advance("P2DT23H59M")

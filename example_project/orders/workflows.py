@@ -1,13 +1,16 @@
 """The example shop's order workflow.
 
-order.placed → reserve stock → wait for order.paid (matched on order id, with
-a payment window) → if unpaid: cancel; if paid: charge (a flaky payment
-provider, retried with backoff) → wait before shipping → ship.
+order.placed → reserve stock, one child run per line (a fan-out) → wait for
+order.paid (matched on order id, with a payment window) → if unpaid: cancel;
+if paid: charge (a flaky payment provider, retried with backoff) → wait
+before shipping → ship. If the charge fails for good (or support cancels the
+order asking for it), the reservations are released: the fan-out's
+compensation.
 """
 
 from __future__ import annotations
 
-from kumiko_workflows import define_workflow, match, on_event, steps
+from kumiko_workflows import define_workflow, match, on_call, on_event, steps
 
 
 class ChargeDeclined(Exception):
@@ -18,10 +21,30 @@ def order_key(event) -> str:
     return event.payload["order_id"]
 
 
-def reserve_stock(ctx) -> dict:
-    items = ctx.event.payload.get("items", [])
-    ctx.append_event(ctx.event.aggregate_id, "order", "order.stock-reserved", {"items": items})
-    return {"items": len(items)}
+def reserve_line(ctx) -> dict:
+    """One line's reservation, in its own child run (its trigger's payload: the line)."""
+    line = ctx.event.payload["item"]
+    ctx.append_event(line["order_id"], "order", "order.stock-reserved", {"line": line["line"]})
+    return {"line": line["line"], "reserved": True}
+
+
+#: Reserves one line of an order: started by the order's fan-out, never by an event.
+line_reservation = define_workflow(
+    name="order-line-reservation",
+    trigger=on_call(),
+    steps=[steps.compute("reservation", reserve_line)],
+)
+
+
+def order_lines(ctx) -> list:
+    order_id = ctx.event.payload["order_id"]
+    return [{"order_id": order_id, "line": line} for line in ctx.event.payload.get("items", [])]
+
+
+def release_stock(ctx) -> None:
+    """The fan-out's compensation: give back what its children reserved."""
+    lines = [reservation["line"] for reservation in ctx.steps["reserve"]]
+    ctx.append_event(ctx.event.aggregate_id, "order", "order.stock-released", {"lines": lines})
 
 
 #: The order.paid event of this order: its order_id is the order.placed event's.
@@ -72,7 +95,9 @@ order_fulfilment = define_workflow(
     # a worker reserves the stock right after the request commits.
     start="worker",
     steps=[
-        steps.compute("reserve", reserve_stock),
+        steps.fan_out(
+            "reserve", workflow=line_reservation, items=order_lines, compensate=release_stock
+        ),
         steps.wait_for_event("paid", match=this_order, timeout=payment_window),
         steps.branch(
             if_=unpaid,

@@ -38,6 +38,7 @@ from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.step_kind import callable_name
+from kumiko_workflows.workflow.triggers import EventTrigger
 
 
 def _iso(instant: datetime) -> str:
@@ -184,6 +185,8 @@ def _trigger_text(workflow: Workflow) -> str:
     trigger = workflow.trigger
     if isinstance(trigger, CronTrigger):
         return f"cron {trigger.expression} in {trigger.timezone} (catch-up {trigger.catch_up})"
+    if not isinstance(trigger, EventTrigger):
+        return "called by a parent run (call_workflow, fan_out)"
     text = f"each {trigger.event_type!r} event"
     if trigger.filter is not None:
         text += f" that {callable_name(trigger.filter).rsplit('.', 1)[-1]}(event) passes"

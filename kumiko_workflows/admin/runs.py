@@ -6,6 +6,7 @@ the cron schedules above the list :mod:`kumiko_workflows.admin.schedules`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.contrib import admin
@@ -19,6 +20,7 @@ from kumiko_workflows.admin.actions import RunActions
 from kumiko_workflows.admin.base import WorkflowAdmin, _many_tenants, admin_tenant
 from kumiko_workflows.admin.dashboard import PagesMixin
 from kumiko_workflows.admin.display import _breakable, _clipped, _short_id, _time, _zoned
+from kumiko_workflows.admin.family import family
 from kumiko_workflows.admin.pictures import EMPTY, Links, run_picture, status_badge, step_cell
 from kumiko_workflows.admin.schedules import ScheduleControls
 from kumiko_workflows.models import (
@@ -329,7 +331,8 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
             event = found.get(event_id)
             text = f" {event.type}, {when(event.created_at)}" if event else " (gone)"
             related.append((what.capitalize(), self._event_link(event_id, text)))
-        return related
+        page = functools.partial(self._url, WorkflowRun)
+        return related + family(run, page, self._changelist_url(WorkflowRun))
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         snapshot = getattr(request, "_kw_run_snapshot", None)

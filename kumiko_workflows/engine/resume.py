@@ -20,7 +20,7 @@ from django.db.models import F
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.engine import deploys
+from kumiko_workflows.engine import children, deploys
 from kumiko_workflows.engine.resume_row import resume_row
 from kumiko_workflows.engine.run_controls import check_name
 from kumiko_workflows.engine.wakeups import (
@@ -33,6 +33,7 @@ from kumiko_workflows.exceptions import (
 from kumiko_workflows.models import (
     WorkflowRunPending,
 )
+from kumiko_workflows.projections import children as fan_in
 from kumiko_workflows.store import claims, db, outbox
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
@@ -319,7 +320,7 @@ def _drain_tenant(
         batch = ResumeReport()
         drained = False
         try:
-            with telemetry.counting_batch(), db.atomic():
+            with telemetry.counting_batch(), db.atomic(), fan_in.batched():
                 savepoints = guarded()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):
@@ -334,6 +335,8 @@ def _drain_tenant(
                     claims += 1
                     if done or time.monotonic() > deadline:
                         break  # commit now
+                # Children that ended in the batch, counted in their fan-ins at once.
+                children.count_batch(children.starter())
         except _Unwound as unwound:
             if _count_unwound(unwound.row, unwound.error):
                 report.failed += 1

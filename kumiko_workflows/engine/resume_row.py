@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from kumiko_workflows import telemetry
-from kumiko_workflows.engine import deploys, gates, limits
+from kumiko_workflows.engine import compensation, deploys, gates, limits
 from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
 from kumiko_workflows.engine.wakeups import (
     event_ending,
@@ -192,7 +192,18 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         steps=steps,
         awaited=awaited,
         now=now,
+        parent=state.get("parent") if isinstance(state.get("parent"), dict) else None,
+        attempts=state.get("attempts") if isinstance(state.get("attempts"), dict) else None,
+        compensable=(
+            state.get("compensable") if isinstance(state.get("compensable"), list) else None
+        ),
     )
+    if row.suspension_type == SuspensionType.CHILDREN:
+        # The children it waits for, whatever its step is called now (a run
+        # moved to another version waits at another position, for the same).
+        ctx.resumed_group = (row.step, row.awaits_key)
+    if row.suspension_type == SuspensionType.COMPENSATE:
+        return compensation.compensate(workflow, stream, ctx, state, opening, now), True
     if row.suspension_type == SuspensionType.EVENT:
         awaited_event = events.get(row.awaited_event_id) if row.awaited_event_id else None
         if awaited_event is None:

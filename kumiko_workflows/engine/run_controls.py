@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kumiko_workflows import telemetry
-from kumiko_workflows.engine import deploys
+from kumiko_workflows.engine import children, compensation, deploys
 from kumiko_workflows.engine.wakeups import (
     suspended_on_event,
     wake_by_look_back,
@@ -37,6 +37,7 @@ from kumiko_workflows.store.events import joins_callers_transaction
 from kumiko_workflows.store.streams import (
     RunStream,
 )
+from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.jsonvalues import text_problem
@@ -57,25 +58,22 @@ def find_run(run_id: uuid.UUID | str) -> WorkflowRun:
 def _append_to_run(
     run_id: uuid.UUID | str,
     eligible: Callable[[WorkflowRun], bool],
-    type: str,
+    type: str | Callable[[WorkflowRun], str],
     payload: Callable[[WorkflowRun], dict[str, Any]],
     created_by: str | None,
     then: Callable[[WorkflowRun], None] | None = None,
+    before: Callable[[WorkflowRun], None] | None = None,
 ) -> bool:
-    """Append ``type`` to an ``eligible`` run's stream; ``then`` follows in its transaction."""
+    """Append ``type`` to an ``eligible`` run's stream; ``then`` follows in its transaction.
+
+    ``before`` runs once the run's pending rows are locked, before the append
+    (``type`` and ``payload`` may depend on what it found).
+    """
     for _ in range(5):
         run = find_run(run_id)
         if not eligible(run):
             return False
-        stream = RunStream(
-            run.run_id,
-            run.tenant_id,
-            run.workflow_name,
-            run.version,
-            run.definition_fingerprint,
-            run.trigger_event_id,
-            priority=run.priority,
-        )
+        stream = RunStream.of_run(run)
         try:
             with db.atomic():
                 # The lock order of every writer to a run: its pending rows,
@@ -86,7 +84,10 @@ def _append_to_run(
                         tenant_id=run.tenant_id, run_id=run.run_id
                     )
                 )
-                stream.append(type, payload(run), created_by=created_by or "")
+                if before is not None:
+                    before(run)
+                kind = type(run) if callable(type) else type
+                stream.append(kind, payload(run), created_by=created_by or "")
                 if then is not None:
                     then(run)
         except VersionConflict:
@@ -107,8 +108,18 @@ def check_by(by: str | None) -> None:
     check_name(by, "by", "created_by", blank=True)
 
 
-def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> bool:
+def cancel_run(
+    run_id: uuid.UUID | str, reason: str, by: str | None = None, *, compensate: bool = False
+) -> bool:
     """Cancel a run that has not finished; False if it already had.
+
+    Its unfinished child runs (``call_workflow``, ``fan_out``) are cancelled
+    with it, at any depth, in the same transaction, each with
+    ``workflow.run-cancelled`` in its own stream, except the children of a
+    step with ``on_cancel="abandon"``. ``compensate=True``: a run with
+    finished compensable steps runs their compensations first (in a
+    worker) and then ends cancelled. A run already compensating is not
+    cancelled again.
 
     Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
     for a reason or ``by`` the event store would refuse.
@@ -120,12 +131,60 @@ def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> b
         raise InvalidArgument(f"reason {problem}")
     check_by(by)
     joins_callers_transaction("cancel_run")
+    tree: list[Any] = []
+    waits: list[WorkflowRunPending] = []
+
+    def before(run: WorkflowRun) -> None:
+        # Every pending row of the run's tree, before anything is appended.
+        tree[:] = children.lock_tree(run.tenant_id, [run.run_id])[1:]
+        waits[:] = list(
+            WorkflowRunPending.objects.filter(tenant_id=run.tenant_id, run_id=run.run_id)
+        )
+
+    def state_of(run: WorkflowRun) -> dict[str, Any] | None:
+        if not compensate:
+            return None
+        for row in waits:
+            state = row.state if isinstance(row.state, dict) else {}
+            if state.get("compensable"):
+                return state
+        return None
+
+    def kind(run: WorkflowRun) -> str:
+        return et.RUN_CANCELLED if state_of(run) is None else et.COMPENSATION_SCHEDULED
+
+    def payload(run: WorkflowRun) -> dict[str, Any]:
+        cancel = {"reason": reason[:1000], "by": by or ""}
+        state = state_of(run)
+        if state is None:
+            return {"workflow_name": run.workflow_name, **cancel}
+        state = {**state, "compensation": compensation.plan(state["compensable"], None, cancel)}
+        return compensation.scheduled(
+            step=run.step,
+            workflow_name=run.workflow_name,
+            workflow_version=run.workflow_version,
+            fingerprint=run.definition_fingerprint,
+            trigger_event_id=run.trigger_event_id,
+            state=state,
+            wake_at=clock.now(),
+            cancel=cancel,
+        )
+
+    def cascade(run: WorkflowRun) -> None:
+        children.cancel_tree(
+            run.tenant_id, tree, f"its parent run {run.run_id} was cancelled", by or ""
+        )
+
     return _append_to_run(
         run_id,
-        lambda run: run.status not in SETTLED_STATUSES,
-        et.RUN_CANCELLED,
-        lambda run: {"workflow_name": run.workflow_name, "reason": reason[:1000], "by": by or ""},
+        lambda run: (
+            run.status not in SETTLED_STATUSES and run.suspension_type != SuspensionType.COMPENSATE
+        ),
+        kind,
+        payload,
         by,
+        then=cascade,
+        before=before,
     )
 
 
@@ -169,11 +228,20 @@ def _rerun_basis(run: WorkflowRun) -> tuple[Workflow, Event]:
     """
     if run.status != RunStatus.FAILED:
         raise RunNotRerunnable(f"run {run.run_id} is {run.status}, not failed")
+    if run.parent_run_id is not None:
+        raise RunNotRerunnable(
+            f"run {run.run_id} is a child run of {run.parent_run_id}: its parent counted its "
+            "failure; rerun the parent (a retry around its step starts a fresh child)"
+        )
     failed = (
         Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id, type=et.RUN_FAILED)
         .order_by("-version")
         .first()
     )
+    if failed is not None and "compensated" in failed.payload:
+        raise RunNotRerunnable(
+            f"run {run.run_id} failed and its finished steps were compensated: it cannot be rerun"
+        )
     if failed is None or failed.payload.get("retry_from") is None:
         raise RunNotRerunnable(f"run {run.run_id} failed before its first step could run")
     workflow, problem = deploys.compatible(
@@ -212,6 +280,14 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
     suspension = failed.payload.get("suspension")
     kept = {"suspension": suspension} if suspension else {}
 
+    state = dict(failed.payload.get("state") or {})
+    if workflow.has_children:
+        # A rerun's call_workflow and fan_out steps start fresh children: the
+        # rerun is counted among the attempts their ids are derived from.
+        attempts = dict(state.get("attempts") or {})
+        attempts["rerun"] = int(attempts.get("rerun", 0)) + 1
+        state["attempts"] = attempts
+
     def payload(current: WorkflowRun) -> dict[str, Any]:
         return {
             "step": rerun_from,
@@ -219,7 +295,7 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
             "workflow_version": version,
             "definition_fingerprint": current.definition_fingerprint,
             "trigger_event_id": current.trigger_event_id,
-            "state": failed.payload.get("state") or {},
+            "state": state,
             "by": by or "",
             **kept,
         }

@@ -13,6 +13,7 @@ trigger events is :mod:`kumiko_workflows.engine.starts`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from kumiko_workflows import telemetry
-from kumiko_workflows.engine import wakeups
+from kumiko_workflows.engine import children, compensation, wakeups
 from kumiko_workflows.exceptions import (
     InvalidEvent,
     StreamMoved,
@@ -44,7 +45,7 @@ from kumiko_workflows.store.streams import (
 from kumiko_workflows.workflow import event_types
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
-from kumiko_workflows.workflow.step_kind import Step, Suspend, path_text
+from kumiko_workflows.workflow.step_kind import ChildSpec, Step, Suspend, path_text
 
 logger = logging.getLogger("kumiko_workflows.runner")
 
@@ -67,6 +68,9 @@ class RunContext:
         steps: dict[str, Any] | None = None,
         awaited: dict[str, int | None] | None = None,
         now: datetime | None,
+        parent: dict[str, Any] | None = None,
+        attempts: dict[str, int] | None = None,
+        compensable: list[str] | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow_name = workflow_name
@@ -76,6 +80,14 @@ class RunContext:
         self.awaited: dict[str, int | None] = awaited if awaited is not None else {}
         self.retry_attempt = 1
         self.now = now
+        #: A child run's parent: {"run_id", "group", "index"} (None for other runs).
+        self.parent = parent
+        #: The attempt of each retry whose body the run is inside, by its position.
+        self.attempts: dict[str, int] = dict(attempts or {})
+        #: Positions of the finished steps with a compensation, in order; and the
+        #: (step, group) of the child runs a resumed run waits for.
+        self.compensable: list[str] = list(compensable or [])
+        self.resumed_group: tuple[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"<RunContext {self.workflow_name} {self.run_id}>"
@@ -98,7 +110,15 @@ class RunContext:
     def snapshot(self) -> dict[str, Any]:
         """Step results for a suspension event: awaited events by reference only."""
         results = {k: v for k, v in self.steps.items() if k not in self.awaited}
-        return telemetry.carry({"results": results, "awaited": dict(self.awaited)})
+        state: dict[str, Any] = {"results": results, "awaited": dict(self.awaited)}
+        # Only when there is something to keep: older snapshots read the same.
+        if self.parent is not None:
+            state["parent"] = self.parent
+        if self.attempts:
+            state["attempts"] = dict(self.attempts)
+        if self.compensable:
+            state["compensable"] = list(self.compensable)
+        return telemetry.carry(state)
 
 
 @dataclass
@@ -137,17 +157,26 @@ class Executor:
             start = cursor.path[0]
             rest = cursor.path[1:]
             if rest:
-                arm = rest[0]
-                self._run_list(
-                    steps[start].arms()[arm],
-                    (*prefix, start, arm),
-                    Cursor(rest[1:], cursor.after, cursor.attempt),
+                self._descend(
+                    steps, prefix, start, rest[0], Cursor(rest[1:], cursor.after, cursor.attempt)
                 )
                 start += 1
             elif cursor.after:
                 start += 1
         for index in range(start, len(steps)):
-            telemetry.run_step(self, steps[index], (*prefix, index))
+            step, path = steps[index], (*prefix, index)
+            if self.workflow.compensates and not step.arms():
+                # Each step keeps its writes when a later one fails: the
+                # compensations undo them, so they must not vanish first.
+                compensation.kept(functools.partial(telemetry.run_step, self, step, path))
+            else:
+                telemetry.run_step(self, step, path)
+
+    def _descend(
+        self, steps: Sequence[Step], prefix: tuple[Any, ...], start: int, arm: str, cursor: Cursor
+    ) -> None:
+        step = steps[start]
+        step.resume_in(self, (*prefix, start), arm, cursor)
 
     # -- the Execution a step runs with ------------------------------------------
 
@@ -195,6 +224,28 @@ class Executor:
     def run_steps(self, steps: Sequence[Step], prefix: tuple[Any, ...]) -> None:
         self._run_list(steps, prefix, None)
 
+    def run_steps_from(self, steps: Sequence[Step], prefix: tuple[Any, ...], cursor: Any) -> None:
+        self._run_list(steps, prefix, cursor)
+
+    def attempt_in_progress(self, path: tuple[Any, ...]) -> int:
+        return int(self.ctx.attempts.get(path_text(path), 1))
+
+    def set_attempt(self, path: tuple[Any, ...], attempt: int | None) -> None:
+        self.ctx.attempts.pop(path_text(path), None)
+        if attempt is not None:
+            self.ctx.attempts[path_text(path)] = attempt
+
+    def children(self, path: tuple[Any, ...], spec: ChildSpec) -> list[dict[str, Any]]:
+        return children.run_children(self, path, spec, children.starter())
+
+    def child_failed(
+        self, path: tuple[Any, ...], outcome: dict[str, Any], index: int | None
+    ) -> Exception:
+        return children.child_failure(self._label(path), path_text(path), outcome, index)
+
+    def compensable(self, path: tuple[Any, ...]) -> None:
+        self.ctx.compensable.append(path_text(path))
+
     def resumed_attempt(self, path: tuple[Any, ...]) -> int:
         if self._resume_attempt is not None and self._resume_attempt[0] == path:
             attempt = self._resume_attempt[1]
@@ -202,17 +253,28 @@ class Executor:
             return attempt
         return 1
 
-    def attempt(self, steps: Sequence[Step], prefix: tuple[Any, ...], attempt: int) -> Any:
+    def attempt(
+        self, steps: Sequence[Step], prefix: tuple[Any, ...], attempt: int, cursor: Any = None
+    ) -> Any:
         saved_steps, saved_awaited = dict(self.ctx.steps), dict(self.ctx.awaited)
+        saved_compensable = list(self.ctx.compensable)
+        retry = path_text(prefix[:-1])
         self.ctx.retry_attempt = attempt
+        self.ctx.attempts[retry] = attempt
+        suspended = False
         try:
-            with db.atomic():
-                self._run_list(steps, prefix, None)
+            compensation.kept(lambda: self._run_list(steps, prefix, cursor))
+        except Suspend:
+            suspended = True  # a child run's wait: the attempt goes on at its resume
+            raise
         except Failure as failure:
             self.ctx.steps, self.ctx.awaited = saved_steps, saved_awaited
+            self.ctx.compensable = saved_compensable
             return failure
         finally:
             self.ctx.retry_attempt = 1
+            if not suspended:
+                self.ctx.attempts.pop(retry, None)
         return None
 
     def retried(
@@ -355,6 +417,12 @@ def run_segment(
                 _suspend(workflow, stream, ctx, suspension)
                 outcome = "suspended"
     except Failure as failure:
+        if workflow.compensates and ctx.compensable:
+            # Each step kept its writes (the failing one's rolled back alone):
+            # the finished steps' compensations undo them, next, in a worker.
+            savepoint.end(None)
+            compensation.schedule(stream, workflow, ctx, failure)
+            return "suspended"
         savepoint.end(failure)
         fail_run(stream, failure, state=start_state, retry_from=retry_from)
         return "failed"
@@ -386,6 +454,9 @@ def _complete(workflow: Workflow, stream: RunStream, ctx: RunContext) -> None:
         "step_count": len(workflow.steps),
         "state": ctx.snapshot(),
     }
+    if ctx.parent is not None:
+        # What the parent's call_workflow or fan_out step receives.
+        payload["result"] = children.result_of(workflow, ctx)
     try:
         stream.append(event_types.RUN_COMPLETED, payload)
     except InvalidEvent:

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from kumiko_workflows import telemetry
-from kumiko_workflows.engine import gates
+from kumiko_workflows.engine import children, gates
 from kumiko_workflows.engine.segment import RunContext, fail_opened, run_segment
 from kumiko_workflows.exceptions import (
     VersionConflict,
@@ -120,15 +120,23 @@ def search_key_of(workflow: Workflow, event: Event) -> str:
     return value
 
 
-def _at_first_step(workflow: Workflow, event: Event) -> dict[str, Any]:
-    """The payload of a suspension before the run's first step (queued, debounced, held)."""
+def _at_first_step(
+    workflow: Workflow, event: Event, parent: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The payload of a suspension before the run's first step (queued, debounced, held).
+
+    ``parent``: a child run's parent (``call_workflow``, ``fan_out``), kept in its state.
+    """
+    state: dict[str, Any] = {"results": {}, "awaited": {}}
+    if parent:
+        state["parent"] = parent
     return {
         "step": "0",
         "workflow_name": workflow.name,
         "workflow_version": workflow.version,
         "definition_fingerprint": workflow.fingerprint,
         "trigger_event_id": event.id,
-        "state": telemetry.carry({"results": {}, "awaited": {}}),
+        "state": telemetry.carry(state),
     }
 
 
@@ -169,26 +177,40 @@ def priority_of(workflow: Workflow, event: Event) -> int:
 
 
 @telemetry.traced_start
-def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) -> uuid.UUID | None:
+def start_run(
+    workflow: Workflow,
+    event: Event,
+    *,
+    now: datetime | None = None,
+    key: str | None = None,
+    parent: dict[str, Any] | None = None,
+) -> uuid.UUID | None:
     """Start one run of ``workflow`` for ``event``: run it inline until it suspends, or queue it.
 
     A workflow defined with ``start="worker"`` (or a trigger appended inside
     :func:`start_in_worker`) is queued: ``workflow.run-queued`` makes it due
     at its first step at once, for a worker.
 
+    A child run (``call_workflow``, ``fan_out``) is started with its ``key``
+    (derived from its parent's run and step) and its ``parent``
+    ({"run_id", "group", "index"}), recorded in its ``run-started``.
+
     Returns the run id, or None when the filter declined or the run already
     existed. Never raises for a failing workflow: invariant 3.
     """
     filter_error: Failure | None = None
     trigger = workflow.trigger
-    if isinstance(trigger, EventTrigger) and trigger.filter is not None:
+    if key is not None:
+        pass  # a child run: its parent asked for it, no filter applies
+    elif isinstance(trigger, EventTrigger) and trigger.filter is not None:
         try:
             if not trigger.filter(event):
                 return None
         except Exception as exc:
             filter_error = raised(FILTER_FAILED, "", "the trigger filter raised", exc)
     try:
-        key = _idempotency_key(workflow, event)
+        if key is None:
+            key = _idempotency_key(workflow, event)
     except Exception as exc:
         key = uuid.uuid4().hex
         filter_error = filter_error or raised(
@@ -208,6 +230,8 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         started["search_key"] = search_key_of(workflow, event)
     if priority:
         started["priority"] = priority
+    if parent is not None:
+        started["parent"] = parent
     gated = filter_error is None and gates.is_gated(workflow)
     # Every append below happens in an atomic block that an error unwinds.
     stream = RunStream(
@@ -220,6 +244,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
         savepoint=False,
         priority=priority,
     )
+    stream.parent = parent
     opening = (event_types.RUN_STARTED, started)
     fresh = stream.mark()
     try:
@@ -243,12 +268,12 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
             elif admission is not None and admission.opening is not None:
                 stream.append(*opening)
                 kind, waits = admission.opening
-                stream.append(kind, {**_at_first_step(workflow, event), **waits})
+                stream.append(kind, {**_at_first_step(workflow, event, parent), **waits})
             elif workflow.start == "worker" or workflow.limited or _in_worker.get():
                 # A limited workflow's segments, its first included, are
                 # admitted by a worker (engine/limits).
                 stream.append(*opening)
-                stream.append(event_types.RUN_QUEUED, _at_first_step(workflow, event))
+                stream.append(event_types.RUN_QUEUED, _at_first_step(workflow, event, parent))
             else:
                 ctx = RunContext(
                     run_id=run_id,
@@ -256,6 +281,7 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
                     tenant_id=event.tenant_id,
                     event=event,
                     now=now,
+                    parent=parent,
                 )
                 run_segment(workflow, stream, ctx, None, opening)
         return run_id
@@ -303,3 +329,7 @@ def trigger_projection(event: Event, replaying: bool) -> None:
         return
     for workflow in registry.triggered_by(event.type):
         start_run(workflow, event)
+
+
+# Child runs (call_workflow, fan_out) are started with start_run.
+children.set_starter(start_run)

@@ -94,6 +94,8 @@ SIGNALS: dict[str, tuple[Signal, Callable[[Event], dict[str, Any]]]] = {
     et.WAITING: (signals.run_suspended, _suspended),
     et.WAITING_FOR_EVENT: (signals.run_suspended, _suspended),
     et.RETRY_SCHEDULED: (signals.run_suspended, _suspended),
+    et.WAITING_FOR_CHILDREN: (signals.run_suspended, _suspended),
+    et.COMPENSATION_SCHEDULED: (signals.run_suspended, _suspended),
     et.RUN_COMPLETED: (signals.run_completed, _completed),
     et.RUN_FAILED: (signals.run_failed, _failed),
     et.RUN_CANCELLED: (signals.run_cancelled, _cancelled),

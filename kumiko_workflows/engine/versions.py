@@ -104,9 +104,14 @@ def _refusal(
     rerun = row.suspension_type == suspensions.RERUN.suspension_type
     if not rerun and row.suspension_type not in step.resumes_from:
         return f"{where} {target.label(new)}, which cannot resume it"
-    if row.awaits_key and (
-        step.result_name() != row.awaits_key
-        or target.awaits.get(row.awaits_key) != row.wait_event_type
+    # (A wait for child runs keeps its group there: the same children, wherever the step moved.)
+    if (
+        row.awaits_key
+        and row.suspension_type == suspensions.EVENT.suspension_type
+        and (
+            step.result_name() != row.awaits_key
+            or target.awaits.get(row.awaits_key) != row.wait_event_type
+        )
     ):
         return (
             f"{where} {target.label(new)}, which does not wait for the same awaits key "

@@ -31,7 +31,13 @@ from typing import Any
 from django.utils import timezone
 
 from kumiko_workflows.exceptions import InvalidEvent, InvalidMatchExpression, VersionConflict
-from kumiko_workflows.models import Event, SuspensionType, WakeCheck, WorkflowRunPending
+from kumiko_workflows.models import (
+    Event,
+    SuspensionType,
+    WakeCheck,
+    WorkflowChildGroup,
+    WorkflowRunPending,
+)
 from kumiko_workflows.store import db, statements, wake_checks
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
 from kumiko_workflows.workflow import event_types as et
@@ -47,6 +53,7 @@ _ENGINE_AGGREGATE_TYPES = (
     et.RUN_AGGREGATE_TYPE,
     et.SCHEDULE_AGGREGATE_TYPE,
     et.GATE_AGGREGATE_TYPE,
+    et.CALL_AGGREGATE_TYPE,
 )
 
 
@@ -172,6 +179,10 @@ def wake_with(row: WorkflowRunPending, event: Event) -> bool:
     False if the run moved on meanwhile (resumed, cancelled): its stream
     version decides, as for every write to a run.
     """
+    return _wake(row, event.id)
+
+
+def _wake(row: WorkflowRunPending, event_id: int) -> bool:
     try:
         with db.atomic():
             RunStream.of_pending(row).append(
@@ -180,7 +191,7 @@ def wake_with(row: WorkflowRunPending, event: Event) -> bool:
                     "workflow_name": row.workflow_name,
                     "step": row.step,
                     "by": "kumiko_workflows",
-                    "awaited_event_id": event.id,
+                    "awaited_event_id": event_id,
                 },
             )
     except VersionConflict:
@@ -289,6 +300,37 @@ def wake_by_look_back(tenant_id: str, run_id: Any) -> bool:
     return complete
 
 
+def wake_when_children_done(tenant_id: str, run_id: Any) -> bool:
+    """Wake the run's wait for child runs if they have all finished; False if its row was locked.
+
+    The wake names the terminal event of the child that finished last.
+    """
+    rows = WorkflowRunPending.objects.filter(
+        tenant_id=tenant_id, run_id=run_id, suspension_type=SuspensionType.CHILDREN
+    ).filter(awaited_event_id__isnull=True)
+    locked, complete = _lock(rows)
+    for row in locked:
+        group = WorkflowChildGroup.objects.filter(
+            tenant_id=tenant_id, parent_run_id=run_id, group=row.awaits_key
+        ).first()
+        if group is not None and group.done and not group.closed and group.last_event_id:
+            _wake(row, group.last_event_id)
+    return complete
+
+
+def children_finished(tenant_id: str, run_id: Any) -> None:
+    """A run's children have all finished: wake it now, and once more after commit.
+
+    Now, if its wait is committed and free. Where writers overlap, the
+    parent may be suspending (or re-suspending after a resume) in a
+    transaction this one cannot see: the check decided after commit sees
+    it, as the parent's own check sees this child's end.
+    """
+    if db.overlapping_writers():
+        _leave_check(tenant_id, run_id=run_id)
+    wake_when_children_done(tenant_id, run_id)
+
+
 # --- checks, decided after commit ----------------------------------------------
 
 
@@ -376,7 +418,8 @@ def suspended_on_event(tenant_id: str, run_id: Any) -> None:
 
 def _decide(check: WakeCheck) -> bool:
     if check.event_id is None:
-        return wake_by_look_back(check.tenant_id, check.run_id)
+        events = wake_by_look_back(check.tenant_id, check.run_id)
+        return wake_when_children_done(check.tenant_id, check.run_id) and events
     event = Event.objects.filter(tenant_id=check.tenant_id, pk=check.event_id).first()
     return True if event is None else wake_for_event(event)
 

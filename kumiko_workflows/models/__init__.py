@@ -24,6 +24,7 @@ from kumiko_workflows.models.bookkeeping import (
     TaskAttempt,
     WorkerHeartbeat,
 )
+from kumiko_workflows.models.children import WorkflowChildGroup
 from kumiko_workflows.models.dashboard import RunDay
 from kumiko_workflows.models.events import Event, EventQuerySet
 from kumiko_workflows.models.limits import LimitSlot, RateSlot
@@ -61,6 +62,7 @@ __all__ = [
     "TaskAttempt",
     "WakeCheck",
     "WorkerHeartbeat",
+    "WorkflowChildGroup",
     "WorkflowRun",
     "WorkflowRunPending",
     "WorkflowRunPendingQuerySet",

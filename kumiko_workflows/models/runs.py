@@ -26,6 +26,8 @@ class SuspensionType(models.TextChoices):
     QUEUED = "queued", "queued to start"
     DEBOUNCED = "debounced", "debounced start"
     HELD = "held", "queued behind the run of its key"
+    CHILDREN = "children", "child runs"
+    COMPENSATE = "compensate", "compensating"
     LIMITED = "limited", "queued for a concurrency slot"
     RATE = "rate", "waiting for its rate limit"
 
@@ -86,6 +88,17 @@ class WorkflowRun(models.Model):
     started_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    parent_run_id = models.UUIDField(
+        null=True,
+        blank=True,
+        help_text="The run whose call_workflow or fan_out step started this run, if any.",
+    )
+    parent_group = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="The parent's group of children this run belongs to (its step and attempt).",
+    )
 
     objects = WorkflowRunQuerySet.as_manager()
 
@@ -102,6 +115,12 @@ class WorkflowRun(models.Model):
                 fields=["search_key", "tenant_id"],
                 condition=~Q(search_key=""),
                 name="kw_run_search_key",
+            ),
+            # A run's children (the cancel cascade, the admin's links).
+            models.Index(
+                fields=["tenant_id", "parent_run_id"],
+                condition=Q(parent_run_id__isnull=False),
+                name="kw_run_parent",
             ),
             # The admin dashboard's counts per hour and per day: a range of
             # instants, read from the index alone (every column it groups by

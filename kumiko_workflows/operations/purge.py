@@ -24,7 +24,6 @@ before the batch commits: ``zcat PATH | jq`` reads it
 :mod:`kumiko_workflows.operations.cutoff`'s.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -37,6 +36,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from kumiko_workflows.engine import children
 from kumiko_workflows.engine.purged_runs import keeps_key
 from kumiko_workflows.exceptions import InvalidArgument
 from kumiko_workflows.models import (
@@ -45,6 +45,7 @@ from kumiko_workflows.models import (
     PurgedRun,
     TaskAttempt,
     WakeCheck,
+    WorkflowChildGroup,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
@@ -352,6 +353,7 @@ def _purge_batch(
     Returns the runs removed, and those passed over instead with why.
     """
     kept = {**_busy(tenant, list(taken)), **_still_triggering(tenant, list(taken))}
+    kept.update(_parent_kept(tenant, [run_id for run_id in taken if run_id not in kept]))
     ids = [run_id for run_id in taken if run_id not in kept]
     report.passed_over += len(kept)
     if not ids:
@@ -362,6 +364,7 @@ def _purge_batch(
         report.pending += WorkflowRunPending.objects.filter(**where).delete()[0]
         report.wake_checks += WakeCheck.objects.filter(**where).delete()[0]
     report.events += _delete_events(tenant, ids, writer)
+    report.events += _purge_children_requests(tenant, ids, writer)
     moment = timezone.now()
     tombstones = [
         PurgedRun(tenant_id=tenant, run_id=run_id, workflow_name=taken[run_id][0], purged_at=moment)
@@ -375,6 +378,43 @@ def _purge_batch(
         TaskAttempt.objects.filter(tenant_id=tenant, run_id__in=chunk).delete()
         report.runs += WorkflowRun.objects.filter(tenant_id=tenant, run_id__in=chunk).delete()[0]
     return ids, kept
+
+
+def _parent_kept(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Child runs whose parent stays: they go with it (the parent's fan-in counted them)."""
+    children = dict(
+        WorkflowRun.objects.filter(
+            tenant_id=tenant, run_id__in=ids, parent_run_id__isnull=False
+        ).values_list("run_id", "parent_run_id")
+    )
+    going = set(ids)
+    parents = {parent for parent in children.values() if parent is not None and parent not in going}
+    staying = set(
+        WorkflowRun.objects.filter(tenant_id=tenant, run_id__in=parents).values_list(
+            "run_id", flat=True
+        )
+    )
+    return {
+        child: f"its parent run {parent} is kept"
+        for child, parent in children.items()
+        if parent in staying
+    }
+
+
+def _purge_children_requests(tenant: str, ids: list[uuid.UUID], writer: Archive | None) -> int:
+    """The requests of purged runs' children (their triggers) and their fan-in rows."""
+    removed = 0
+    for chunk in _chunks(ids):
+        groups = WorkflowChildGroup.objects.filter(tenant_id=tenant, parent_run_id__in=chunk)
+        requests = [
+            children.call_id(tenant, children.child_key(group.parent_run_id, group.group, index))
+            for group in groups
+            for index in range(group.total)
+        ]
+        for batch in _chunks(requests):
+            removed += _delete_events(tenant, list(batch), writer, et.CALL_AGGREGATE_TYPE)
+        groups.delete()
+    return removed
 
 
 def _busy(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
@@ -425,7 +465,12 @@ def _still_triggering(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]
     return kept
 
 
-def _delete_events(tenant: str, ids: list[uuid.UUID], writer: Archive | None) -> int:
+def _delete_events(
+    tenant: str,
+    ids: list[uuid.UUID],
+    writer: Archive | None,
+    aggregate_type: str = et.RUN_AGGREGATE_TYPE,
+) -> int:
     """Delete the run streams of ``ids`` (archived first); return how many events went.
 
     Past the model's refusal, through :func:`kumiko_workflows.store.statements.delete_run_streams`:
@@ -437,13 +482,13 @@ def _delete_events(tenant: str, ids: list[uuid.UUID], writer: Archive | None) ->
         if writer is not None:
             rows = (
                 Event.objects.filter(
-                    tenant_id=tenant, aggregate_type=et.RUN_AGGREGATE_TYPE, aggregate_id__in=chunk
+                    tenant_id=tenant, aggregate_type=aggregate_type, aggregate_id__in=chunk
                 )
                 .order_by("id")
                 .values_list(*ARCHIVE_FIELDS)
             )
             lines.extend(_json_line(row) for row in rows)
-        deleted += statements.delete_run_streams(tenant, list(chunk))
+        deleted += statements.delete_run_streams(tenant, list(chunk), aggregate_type)
     if writer is not None:
         if deleted != len(lines):
             # An event committed between the read and the delete would be

@@ -23,6 +23,7 @@ from kumiko_workflows.models import (
     Event,
     LimitSlot,
     RateSlot,
+    WorkflowChildGroup,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
@@ -89,6 +90,16 @@ class RebuildResult:
     pending: int
     differences: list[Difference]
     applied: bool
+
+
+GROUP_FIELDS = [f.attname for f in WorkflowChildGroup._meta.concrete_fields if f.attname != "id"]
+
+
+def _groups() -> Rows:
+    return {
+        (row["tenant_id"], row["parent_run_id"], row["group"]): row
+        for row in WorkflowChildGroup.objects.values(*GROUP_FIELDS)
+    }
 
 
 def _snapshot() -> tuple[Rows, Rows, Rows]:
@@ -173,11 +184,13 @@ def rebuild(
     with db.atomic():
         statements.lock_projection_tables()
         before_runs, before_pending, before_keys = _snapshot()
+        before_groups = _groups()
         errors = list(
             WorkflowRun.objects.exclude(last_error="").values_list("run_id", "last_error")
         )
         before_slots, before_rates = _slots()
         WorkflowWaitKey.objects.all().delete()
+        WorkflowChildGroup.objects.all().delete()
         WorkflowRunPending.objects.all().delete()
         WorkflowRun.objects.all().delete()
         LimitSlot.objects.exclude(holder_run_id=None).update(holder_run_id=None, taken_at=None)
@@ -189,6 +202,7 @@ def rebuild(
             _compare("run", before_runs, after_runs)
             + _compare("pending", before_pending, after_pending)
             + _compare("key", before_keys, after_keys)
+            + _compare("children", before_groups, _groups())
             + _compare("slot", before_slots, after_slots)
             + _compare("rate", before_rates, after_rates)
         )

@@ -119,6 +119,11 @@ def project_pending(event: Event, replaying: bool) -> None:
     # go when that wait resumes and when the run ends.
     cleared = is_cleared(event.aggregate_id, event.version)
     if kind in et.SUSPENSIONS:
+        if kind == et.COMPENSATION_SCHEDULED and not cleared:
+            # A cancel asking for compensation replaces the wait the run was at.
+            where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}
+            statements.write_rows(WorkflowRunPending, "DELETE", {}, where)
+            statements.write_rows(WorkflowWaitKey, "DELETE", {}, where)
         row = _pending_row(event)
         # A wait for an event: written by the step, or resumed by a rerun.
         waits = row.suspension_type == SuspensionType.EVENT

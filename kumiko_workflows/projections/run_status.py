@@ -103,7 +103,10 @@ def project_run_status(event: Event, replaying: bool) -> None:
         return
     if event.type == et.RUN_STARTED:
         payload = event.payload
+        parent = payload.get("parent") if isinstance(payload.get("parent"), dict) else {}
         WorkflowRun.objects.create(
+            parent_run_id=parent.get("run_id"),
+            parent_group=str(parent.get("group") or "")[:200],
             run_id=event.aggregate_id,
             tenant_id=event.tenant_id,
             workflow_name=payload["workflow_name"],

@@ -24,6 +24,7 @@ from kumiko_workflows.models import (
     PurgedRun,
     RelayedAppend,
     SignalDelivery,
+    WorkflowChildGroup,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
@@ -32,7 +33,7 @@ from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import _now_sql, engine
 from kumiko_workflows.store.statement_cache import _instance_of, statement
 from kumiko_workflows.store.wake_checks import wait_paths_cte
-from kumiko_workflows.workflow.event_types import RUN_AGGREGATE_TYPE
+from kumiko_workflows.workflow.event_types import CALL_AGGREGATE_TYPE, RUN_AGGREGATE_TYPE
 
 
 def wait_paths(tenant_id: str, event_type: str) -> list[str]:
@@ -185,7 +186,7 @@ def lock_projection_tables() -> None:
     if conn.vendor == "postgresql":
         tables = ", ".join(
             conn.ops.quote_name(model._meta.db_table)
-            for model in (WorkflowRun, WorkflowRunPending, WorkflowWaitKey)
+            for model in (WorkflowRun, WorkflowRunPending, WorkflowWaitKey, WorkflowChildGroup)
         )
         with conn.cursor() as cursor:
             cursor.execute(f"LOCK TABLE {tables} IN EXCLUSIVE MODE")
@@ -215,12 +216,17 @@ def is_purged(tenant_id: str, run_id: Any) -> bool:
         return cursor.fetchone() is not None
 
 
-def delete_run_streams(tenant_id: str, run_ids: Sequence[Any]) -> int:
+def delete_run_streams(
+    tenant_id: str, run_ids: Sequence[Any], aggregate_type: str = RUN_AGGREGATE_TYPE
+) -> int:
     """Delete the run streams (``workflow-run`` events) of ``run_ids`` in one tenant.
 
     The only statement that deletes events: ``Event`` refuses it through the
     ORM, and only the purge of finished runs calls this. Returns the count.
+    ``aggregate_type="workflow-call"``: the requests of a purged run's
+    children (their triggers), which go with it.
     """
+    assert aggregate_type in (RUN_AGGREGATE_TYPE, CALL_AGGREGATE_TYPE), aggregate_type
     conn = engine()
     ops = conn.ops
     table = ops.quote_name(Event._meta.db_table)
@@ -230,7 +236,7 @@ def delete_run_streams(tenant_id: str, run_ids: Sequence[Any]) -> int:
         f"AND {ops.quote_name('aggregate_id')} IN ({', '.join(['%s'] * len(run_ids))})"
     )
     field = Event._meta.get_field("aggregate_id")
-    params = [tenant_id, RUN_AGGREGATE_TYPE, *(field.get_db_prep_value(r, conn) for r in run_ids)]
+    params = [tenant_id, aggregate_type, *(field.get_db_prep_value(r, conn) for r in run_ids)]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount

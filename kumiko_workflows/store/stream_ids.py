@@ -24,6 +24,7 @@ ENGINE_STREAMS = {
     et.RUN_AGGREGATE_TYPE: (frozenset(et.RUN_EVENTS), "workflow run events"),
     et.SCHEDULE_AGGREGATE_TYPE: (frozenset(et.SCHEDULE_EVENTS), "cron schedule events"),
     et.GATE_AGGREGATE_TYPE: (frozenset(et.GATE_EVENTS), "workflow gate events"),
+    et.CALL_AGGREGATE_TYPE: (frozenset(et.CALL_EVENTS), "child run requests"),
 }
 #: Streams only the engine writes.
 RESERVED_AGGREGATE_TYPES = frozenset(ENGINE_STREAMS)

@@ -38,6 +38,12 @@ INVALID_MATCH = "invalid_match"
 INVALID_PENDING_ROW = "invalid_pending_row"
 INTERNAL_ERROR = "internal_error"
 RESUME_FAILED_REPEATEDLY = "resume_failed_repeatedly"
+#: A child run (call_workflow, fan_out) failed or was cancelled.
+CHILD_FAILED = "child_failed"
+#: A call_workflow or fan_out step's children did not finish within its timeout.
+CHILD_TIMEOUT = "child_timeout"
+#: A compensation of a finished step failed on every attempt: not everything was undone.
+COMPENSATION_FAILED = "compensation_failed"
 LIMIT_KEY_FAILED = "limit_key_failed"
 #: Every reason above, in the order the admin's filter lists them.
 FAILURE_REASONS = (
@@ -53,6 +59,9 @@ FAILURE_REASONS = (
     INVALID_PENDING_ROW,
     INTERNAL_ERROR,
     RESUME_FAILED_REPEATEDLY,
+    CHILD_FAILED,
+    CHILD_TIMEOUT,
+    COMPENSATION_FAILED,
     LIMIT_KEY_FAILED,
 )
 
@@ -102,6 +111,9 @@ class RunStream:
     _no_pending: bool = field(default=False, init=False, repr=False)
     #: An event to append with the next one (:meth:`hold`).
     _held: tuple[str, dict[str, Any]] | None = field(default=None, init=False, repr=False)
+    #: A child run's parent ({"run_id", "group"}): written into its terminal
+    #: event, which counts it in the parent's fan-in.
+    parent: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def of_pending(cls, row: Any, *, deleted: bool = False) -> RunStream:
@@ -120,6 +132,24 @@ class RunStream:
             priority=row.priority or 0,
         )
         stream._no_pending = deleted and not row.wait_event_type
+        state = row.state if isinstance(row.state, dict) else {}
+        stream.parent = state.get("parent") if isinstance(state.get("parent"), dict) else None
+        return stream
+
+    @classmethod
+    def of_run(cls, run: Any) -> RunStream:
+        """The stream of a run's status row, positioned after the last event it saw."""
+        stream = cls(
+            run.run_id,
+            run.tenant_id,
+            run.workflow_name,
+            run.version,
+            run.definition_fingerprint,
+            run.trigger_event_id,
+            priority=run.priority,
+        )
+        if run.parent_run_id is not None:  # a child run: its end counts in its parent's fan-in
+            stream.parent = {"run_id": str(run.parent_run_id), "group": run.parent_group}
         return stream
 
     def mark(self) -> tuple[int, bool]:
@@ -141,6 +171,8 @@ class RunStream:
     def append(self, type: str, payload: dict[str, Any], created_by: str = "") -> Event:
         if self.priority and type in _RECORDS_PRIORITY:
             payload = priorities.recorded(payload, self.priority)
+        if self.parent is not None and type in event_types.TERMINAL:
+            payload = {**payload, "parent": self.parent}
         held, self._held = self._held, None
         count = 2 if held is not None else 1
         hint = None
@@ -235,6 +267,7 @@ def fail_run(
     state: dict[str, Any] | None = None,
     retry_from: str | None = None,
     suspension: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Event:
     """Append ``workflow.run-failed`` (generic text only) and record the raw error.
 
@@ -243,6 +276,7 @@ def fail_run(
     (:func:`kumiko_workflows.workflow.suspensions.standing`).
     """
     kept = {} if suspension is None else {"suspension": suspension}
+    kept.update(extra or {})
     event = stream.append(
         event_types.RUN_FAILED,
         {

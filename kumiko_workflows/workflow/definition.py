@@ -32,13 +32,13 @@ from kumiko_workflows.workflow.step_kind import (
     iter_steps,
     path_text,
 )
-from kumiko_workflows.workflow.triggers import EventTrigger
+from kumiko_workflows.workflow.triggers import CallTrigger, EventTrigger
 from kumiko_workflows.workflow.validation import validate
 
 _RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-run")
 
 
-ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS})
+ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS, *et.CALL_EVENTS})
 
 #: How a worker commits the resumes of a workflow's runs: with others in a
 #: batch (fast), or each on its own (a killed worker repeats no other run).
@@ -60,7 +60,7 @@ class Workflow:
     def __init__(
         self,
         name: str,
-        trigger: EventTrigger | CronTrigger,
+        trigger: EventTrigger | CronTrigger | CallTrigger,
         steps: Sequence[Step],
         idempotency_key: str | Callable[[Any], Any] | None = None,
         awaits: Mapping[str, str] | None = None,
@@ -69,6 +69,7 @@ class Workflow:
         start: str = "inline",
         migrates_from: Mapping[int, Mapping[str, str]] | None = None,
         search_key: Callable[[Any], Any] | None = None,
+        returns: str | Callable[[Any], Any] | None = None,
         concurrency: Limit | None = None,
         rate: Rate | None = None,
         priority: priorities.Priority = None,
@@ -78,10 +79,21 @@ class Workflow:
             raise WorkflowDefinitionError(
                 f"a workflow needs a name (1-200 characters), got {name!r}"
             )
-        if not isinstance(trigger, EventTrigger | CronTrigger):
+        if not isinstance(trigger, EventTrigger | CronTrigger | CallTrigger):
             raise WorkflowDefinitionError(
-                f"workflow {name!r}: trigger must be on_event(...) or on_cron(...), got {trigger!r}"
+                f"workflow {name!r}: trigger must be on_event(...), on_cron(...) or on_call(), "
+                f"got {trigger!r}"
             )
+        if returns is not None and not (
+            (isinstance(returns, str) and returns.strip()) or callable(returns)
+        ):
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: returns must be a step's result name, a callable(ctx) "
+                f"or None, got {returns!r}"
+            )
+        #: What a run returns to a parent that called it: a result name, a
+        #: callable(ctx), or None: the result of its last top-level step.
+        self.returns = returns
         if idempotency_key is not None and not (
             isinstance(idempotency_key, str) or callable(idempotency_key)
         ):
@@ -177,6 +189,15 @@ class Workflow:
         #: fingerprint, so adding it to a version that has runs strands none.
         self.migrates_from = _migration_maps(name, version, migrates_from)
         self._steps_by_path = {path_text(p): s for p, s in iter_steps(self.steps)}
+        #: Whether a step has a compensation (each of its steps then keeps its
+        #: writes when a later one fails, for the compensations to undo).
+        self.compensates = any(
+            getattr(step, "compensate", None) is not None for step in self._steps_by_path.values()
+        )
+        #: Whether a step starts child runs (call_workflow, fan_out).
+        self.has_children = any(
+            "children" in step.resumes_from for step in self._steps_by_path.values()
+        )
         self.step_fingerprints = self._step_fingerprints()
         self.fingerprint = _hash(self.step_fingerprints)
 
@@ -200,6 +221,8 @@ class Workflow:
             "awaits": self.awaits,
             "idempotency_key": describe_value(self.idempotency_key),
         }
+        if self.returns is not None:  # absent otherwise: existing fingerprints stay
+            header["returns"] = describe_value(self.returns)
         prints = {"workflow": _hash(header)[:16]}
         for path, step in iter_steps(self.steps):
             own = step.describe()
@@ -309,7 +332,7 @@ def _migration_maps(
 
 def define_workflow(
     name: str,
-    trigger: EventTrigger | CronTrigger,
+    trigger: EventTrigger | CronTrigger | CallTrigger,
     steps: Sequence[Step],
     idempotency_key: str | Callable[[Any], Any] | None = None,
     awaits: Mapping[str, str] | None = None,
@@ -319,6 +342,7 @@ def define_workflow(
     start: str = "inline",
     migrates_from: Mapping[int, Mapping[str, str]] | None = None,
     search_key: Callable[[Any], Any] | None = None,
+    returns: str | Callable[[Any], Any] | None = None,
     concurrency: Limit | None = None,
     rate: Rate | None = None,
     priority: priorities.Priority = None,
@@ -340,7 +364,10 @@ def define_workflow(
     at step 1 may continue in this version, for ``migrate_workflow_runs``
     (nothing moves until that runs). ``search_key`` (``event -> str``, at
     most 200 characters) is what the admin's search finds a run by, e.g. an
-    order number; without it, the idempotency key.
+    order number; without it, the idempotency key. ``returns`` is what a
+    run gives a parent that called it (``steps.call_workflow``): a step's
+    result name, ``callable(ctx)``, or None for the result of its last
+    top-level step.
     ``concurrency=Limit(max=2, key=fn, holds="active")`` caps the runs that
     hold a slot at once per key, and ``rate=Rate(max=10, per=60, key=fn)``
     the segment starts per period (see :mod:`kumiko_workflows.workflow.limits`);
@@ -365,6 +392,7 @@ def define_workflow(
         start,
         migrates_from,
         search_key=search_key,
+        returns=returns,
         concurrency=concurrency,
         rate=rate,
         priority=priority,

@@ -10,6 +10,8 @@ SCHEDULE_AGGREGATE_TYPE = "workflow-schedule"
 #: One stream per (tenant, workflow, key) of a debounced or singleton workflow:
 #: which run of the key is open (debouncing, or active) and which wait behind it.
 GATE_AGGREGATE_TYPE = "workflow-gate"
+#: The stream of one child run's start request: its trigger (``call_workflow``, ``fan_out``).
+CALL_AGGREGATE_TYPE = "workflow-call"
 
 RUN_STARTED = "workflow.run-started"
 WAITING = "workflow.step.waiting"
@@ -28,6 +30,15 @@ RUN_QUEUED = "workflow.run-queued"
 #: Someone moved a suspended run to another version of its workflow
 #: (``migrate_workflow_runs``): it resumes there, at the step the new version maps.
 RUN_MIGRATED = "workflow.run-migrated"
+#: A step started child runs (``call_workflow``, ``fan_out``) and waits until they finish.
+WAITING_FOR_CHILDREN = "workflow.step.waiting-for-children"
+#: A run failed (or was cancelled with ``compensate=True``) after steps with a
+#: compensation finished: the compensations run next, in reverse order.
+COMPENSATION_SCHEDULED = "workflow.compensation.scheduled"
+#: One finished step's compensation ran (at most once per step).
+STEP_COMPENSATED = "workflow.step.compensated"
+#: The trigger of a child run: the parent's request, its payload the child's input.
+CALL_REQUESTED = "workflow.call-requested"
 #: A run of a workflow with a concurrency limit took a slot of its key
 #: (``holds="active"``: it holds it until ``workflow.slot-released``; else
 #: for the segment this event opens).
@@ -76,12 +87,15 @@ SCHEDULE_EVENTS = (
     SCHEDULE_RESUMED,
     SCHEDULE_FIRED_NOW,
 )
+CALL_EVENTS = (CALL_REQUESTED,)
 SUSPENSIONS = (
     WAITING,
     WAITING_FOR_EVENT,
     RETRY_SCHEDULED,
     RERUN_REQUESTED,
     RUN_QUEUED,
+    WAITING_FOR_CHILDREN,
+    COMPENSATION_SCHEDULED,
     SLOT_WAITING,
     RATE_WAITING,
     RUN_DEBOUNCED,
@@ -101,6 +115,9 @@ RUN_EVENTS = (
     RERUN_REQUESTED,
     RUN_QUEUED,
     RUN_MIGRATED,
+    WAITING_FOR_CHILDREN,
+    COMPENSATION_SCHEDULED,
+    STEP_COMPENSATED,
     SLOT_TAKEN,
     SLOT_RELEASED,
     SLOT_WAITING,

@@ -13,6 +13,7 @@ outside the package subclasses :class:`Step` the same way.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ Path = tuple[Any, ...]
 #: What a step's validation reports: (check id, message, hint). An id "E…" is an
 #: error that refuses the definition; "W…" a warning (system checks only).
 Problem = tuple[str, str, str]
+
 
 def callable_name(fn: Any) -> str:
     """A stable name for a callable: ``module.qualname`` (identical across processes)."""
@@ -72,6 +74,7 @@ class Execution(Protocol):
 
     ctx: Any
     now: datetime
+
     @property
     def awaits(self) -> Mapping[str, str]:
         """The workflow's awaits keys and their event types."""
@@ -91,12 +94,38 @@ class Execution(Protocol):
     def run_steps(self, steps: Sequence[Step], prefix: Path) -> None:
         """Run a nested step list (an arm) whose positions start with ``prefix``."""
 
-    def attempt(self, steps: Sequence[Step], prefix: Path, attempt: int) -> Any:
+    def run_steps_from(self, steps: Sequence[Step], prefix: Path, cursor: Any) -> None:
+        """Continue a nested step list at ``cursor`` (a resume inside an arm)."""
+
+    def attempt(self, steps: Sequence[Step], prefix: Path, attempt: int, cursor: Any = None) -> Any:
         """Run ``steps`` as one attempt whose writes roll back if it fails.
 
         Returns None on success, else the failure (an exception with
-        ``reason``, ``step``, ``error_class``, ``detail`` and ``exc``).
+        ``reason``, ``step``, ``error_class``, ``detail`` and ``exc``). A
+        suspension inside the attempt (a child run's wait) keeps its writes.
+        ``cursor``: continue the attempt there (its resume).
         """
+
+    def attempt_in_progress(self, path: Path) -> int:
+        """The attempt of the retry (or pass of the repeat) at ``path`` a resume continues."""
+
+    def set_attempt(self, path: Path, attempt: int | None) -> None:
+        """Record (None: forget) the pass a repeat at ``path`` is in, kept across suspensions."""
+
+    def children(self, path: Path, spec: ChildSpec) -> list[dict[str, Any]]:
+        """The outcome of each child run of the step at ``path``, in item order.
+
+        Starts them the first time (``spec.inputs()`` gives their inputs) and
+        suspends the run (raises :class:`Suspend`) until the last finishes.
+        Each outcome: ``run_id``, ``status`` (completed, failed, cancelled),
+        ``result`` (completed) or ``reason``, ``step``, ``error_class``.
+        """
+
+    def child_failed(self, path: Path, outcome: dict[str, Any], index: int | None) -> Exception:
+        """The failure of the step at ``path`` whose child (``index`` of a fan-out) failed."""
+
+    def compensable(self, path: Path) -> None:
+        """The step at ``path``, which has a compensation, finished (undone if the run fails)."""
 
     def resumed_attempt(self, path: Path) -> int:
         """The attempt to run at ``path``: the one a resume starts at, else 1."""
@@ -120,6 +149,19 @@ class Execution(Protocol):
         """Tell the engine the run is about to wait for an event (before it suspends)."""
 
 
+@dataclass(frozen=True)
+class ChildSpec:
+    """What a step that starts child runs asks of the engine (:meth:`Execution.children`)."""
+
+    workflow: str
+    #: The children's inputs (each the payload of one child's trigger), called once.
+    inputs: Callable[[], list[dict[str, Any]]]
+    max_concurrency: int | None = None
+    on_child_failure: str = "fail"
+    on_cancel: str = "cancel"
+    timeout: Any = None
+
+
 class Step:
     """A step kind. Subclasses own their whole behaviour.
 
@@ -127,7 +169,7 @@ class Step:
     (:meth:`arms`), fingerprinting (:meth:`describe`). Running
     (:meth:`run`), through the :class:`Execution` the engine passes in. A
     step that suspends raises :class:`Suspend` with the run event of one of
-    the suspension records in :mod:`kumiko_workflows.workflow.suspensions`, and
+    the suspension records in :mod:`kumiko_workflows.suspensions`, and
     ``resumes_from`` names those records' suspension types, so a resume
     knows the step a pending row may continue. A new step kind is a new
     subclass; nothing else in the engine names the kinds.
@@ -140,6 +182,8 @@ class Step:
     resumes_from: tuple[str, ...] = ()
     #: Names of the arguments that may be callables taking ``ctx``.
     callable_args: tuple[str, ...] = ()
+    #: Whether it may suspend inside a retry body (a child run's wait may; a timed wait may not).
+    suspends_in_retry: bool = False
 
     def arms(self) -> dict[str, tuple[Step, ...]]:
         """Nested step lists, by arm name (a position's text names them, as in ``2.then.0``)."""
@@ -169,6 +213,10 @@ class Step:
 
     def run(self, execution: Execution, path: Path) -> None:
         raise NotImplementedError
+
+    def resume_in(self, execution: Execution, path: Path, arm: str, cursor: Any) -> None:
+        """Continue a resumed run inside its arm ``arm`` at ``cursor``: by default, just there."""
+        execution.run_steps_from(self.arms()[arm], (*path, arm), cursor)
 
 
 def iter_steps(steps: Sequence[Step], prefix: Path = ()) -> Iterator[tuple[Path, Step]]:

@@ -63,11 +63,23 @@ def _wake_time(execution: Execution, path: Path, name: str, value: Any) -> datet
 class Compute(Step):
     name: str
     fn: Callable[[Any], Any]
+    #: ``undo(ctx)``: run, once, if the run fails after this step finished.
+    compensate: Callable[[Any], Any] | None = None
+    #: Attempts of the compensation (backoff exponential from RETRY_BASE_DELAY).
+    compensate_times: int = 3
     kind = "compute"
     callable_args = ("fn",)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "fn": callable_name(self.fn)}
+        described: dict[str, Any] = {
+            "kind": self.kind,
+            "name": self.name,
+            "fn": callable_name(self.fn),
+        }
+        if self.compensate is not None:  # absent otherwise: existing fingerprints stay
+            described["compensate"] = callable_name(self.compensate)
+            described["compensate_times"] = self.compensate_times
+        return described
 
     def label(self) -> str:
         return f"compute {self.name!r}"
@@ -75,8 +87,15 @@ class Compute(Step):
     def result_name(self) -> str | None:
         return self.name
 
+    def callables(self) -> Iterator[tuple[str, Callable[..., Any]]]:
+        yield from super().callables()
+        if self.compensate is not None:
+            yield "compensate", self.compensate
+
     def run(self, execution: Execution, path: Path) -> None:
         execution.store(path, self.name, execution.call(path, self.fn))
+        if self.compensate is not None:
+            execution.compensable(path)
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,7 +262,7 @@ class Retry(Step):
     def problems(self, awaits: Mapping[str, str], path: Path) -> Iterator[Problem]:
         where = f"step {path_text(path)} ({self.label()})"
         for inner_path, inner in iter_steps(self.do, (*path, "do")):
-            if inner.suspends:
+            if inner.suspends and not inner.suspends_in_retry:
                 yield (
                     "E003",
                     f"{where} contains the suspending step {path_text(inner_path)} "
@@ -273,7 +292,13 @@ class Retry(Step):
             yield "E013", f"{where} has an empty body", "Give retry(do=[...]) a step."
 
     def run(self, execution: Execution, path: Path) -> None:
-        attempt = execution.resumed_attempt(path)
+        self._attempt(execution, path, execution.resumed_attempt(path), None)
+
+    def resume_in(self, execution: Execution, path: Path, arm: str, cursor: Any) -> None:
+        # A child run's wait inside the body: the attempt it belongs to goes on.
+        self._attempt(execution, path, execution.attempt_in_progress(path), cursor)
+
+    def _attempt(self, execution: Execution, path: Path, attempt: int, cursor: Any) -> None:
         times = execution.arg(path, "times", self.times)
         backoff = execution.arg(path, "backoff", self.backoff)
         if _bad_times(times):
@@ -291,7 +316,7 @@ class Retry(Step):
             cap = None if cap_value is None else durations.as_delay(cap_value)
         except InvalidDuration as exc:
             raise execution.invalid(path, str(exc)) from None
-        failure = execution.attempt(self.do, (*path, "do"), attempt)
+        failure = execution.attempt(self.do, (*path, "do"), attempt, cursor)
         if failure is None:
             return
         given_up = failure.exc is not None and isinstance(failure.exc, self.give_up_on)
@@ -340,13 +365,40 @@ class Branch(Step):
         execution.run_steps(self.arms()[arm], (*path, arm))
 
 
-def compute(name: str, fn: Callable[[Any], Any]) -> Compute:
-    """Run ``fn(ctx)``; its JSON-serialisable result becomes ``ctx.steps[name]``."""
+def _step_name(kind: str, name: Any) -> None:
     if not isinstance(name, str) or not name.strip():
-        raise WorkflowDefinitionError(f"compute() needs a non-empty name, got {name!r}")
+        raise WorkflowDefinitionError(f"{kind}() needs a non-empty name, got {name!r}")
+
+
+def compute(
+    name: str,
+    fn: Callable[[Any], Any],
+    compensate: Callable[[Any], Any] | None = None,
+    compensate_times: int = 3,
+) -> Compute:
+    """Run ``fn(ctx)``; its JSON-serialisable result becomes ``ctx.steps[name]``.
+
+    ``compensate`` (``undo(ctx)``) undoes the step if the run fails after it
+    finished: the finished steps' compensations run in reverse order, each
+    at most once, each tried up to ``compensate_times`` times (backoff
+    exponential from ``RETRY_BASE_DELAY``). See docs/howto/compensation.md.
+    """
+    _step_name("compute", name)
     if not callable(fn):
         raise WorkflowDefinitionError(f"compute({name!r}, fn): fn must be callable, got {fn!r}")
-    return Compute(name, fn)
+    _compensation("compute", name, compensate, compensate_times)
+    return Compute(name, fn, compensate, compensate_times)
+
+
+def _compensation(kind: str, name: str, compensate: Any, times: Any) -> None:
+    if compensate is not None and not callable(compensate):
+        raise WorkflowDefinitionError(
+            f"{kind}({name!r}, compensate=...): give a callable undo(ctx), got {compensate!r}"
+        )
+    if _bad_times(times):
+        raise WorkflowDefinitionError(
+            f"{kind}({name!r}, compensate_times=...) must be an integer >= 1, got {times!r}"
+        )
 
 
 def wait(for_: Any) -> Wait:

@@ -275,6 +275,67 @@ QUEUED = Record(
 )
 
 
+def _children_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    timeout_at = _instant(payload.get("timeout_at"))
+    return {"wake_at": timeout_at, "timeout_at": timeout_at, "awaits_key": payload["group"]}
+
+
+def _children_facts(row: Any, tell: Teller) -> Facts:
+    suspended = tell.latest(et.WAITING_FOR_CHILDREN) or {}
+    facts = [
+        (
+            "Waiting for",
+            f"{suspended.get('total', '?')} child run(s) of {suspended.get('workflow', '?')!r} "
+            "to finish",
+        )
+    ]
+    if row.timeout_at:
+        facts.append(("Deadline", tell.when(row.timeout_at)))
+    if row.awaited_event_id is not None:
+        facts.append(("Children", f"all finished (the last: event #{row.awaited_event_id})"))
+    return facts
+
+
+def _compensate_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {"wake_at": _instant(payload["wake_at"]), "retry_attempt": payload.get("attempt") or 0}
+
+
+def _compensate_facts(row: Any, tell: Teller) -> Facts:
+    kept = (row.state or {}).get("compensation") or {}
+    left = kept.get("left") or []
+    why = "cancelled" if kept.get("cancel") else "a step failed"
+    return [
+        (
+            "Compensating",
+            f"{why}: {len(left)} step(s) left to undo ({', '.join(left)}), "
+            f"next at {tell.when(row.wake_at)}",
+        )
+    ]
+
+
+#: A ``call_workflow`` or ``fan_out`` step waits for its child runs; the last
+#: to finish wakes it (or its timeout does). The step runs again at its
+#: resume, and finds its children's results.
+CHILDREN = Record(
+    et.WAITING_FOR_CHILDREN,
+    "children",
+    pending=_children_pending,
+    status=lambda payload, at: {"wake_at": _instant(payload.get("timeout_at"))},
+    after=False,
+    attempt=_first_attempt,
+    facts=_children_facts,
+)
+#: Not a step's: a failed (or cancelled) run's finished steps are to be undone.
+COMPENSATE = Record(
+    et.COMPENSATION_SCHEDULED,
+    "compensate",
+    pending=_compensate_pending,
+    status=lambda payload, at: {"wake_at": _instant(payload["wake_at"])},
+    after=False,
+    attempt=lambda row: row.retry_attempt + 1,
+    facts=_compensate_facts,
+    by_step=False,
+)
 
 def _slot_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
     # The suspension it was claimed from, kept as it stood (None: a queued
@@ -409,6 +470,7 @@ HELD = Record(
 )
 
 RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, SLOT, RATE, DEBOUNCED, HELD)
+RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, SLOT, RATE, CHILDREN, COMPENSATE)
 _BY_EVENT = {record.event_type: record for record in RECORDS}
 _BY_TYPE = {record.suspension_type: record for record in RECORDS}
 

@@ -98,5 +98,25 @@ def _debounce_periods(
     return period, longest
 
 
-#: Either kind of trigger.
-Trigger = EventTrigger | CronTrigger
+@dataclass(frozen=True, eq=False)
+class CallTrigger:
+    """Runs started only by a parent's ``call_workflow`` or ``fan_out`` step."""
+
+    kind = "call"
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "call"}
+
+
+def on_call() -> CallTrigger:
+    """A workflow started only as a child run (``steps.call_workflow``, ``steps.fan_out``).
+
+    Any workflow may be called; one with this trigger is never started by an
+    event or a schedule. Its run's trigger is the parent's request, whose
+    payload is the child's input.
+    """
+    return CallTrigger()
+
+
+#: Any kind of trigger.
+Trigger = EventTrigger | CronTrigger | CallTrigger

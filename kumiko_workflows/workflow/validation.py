@@ -87,6 +87,13 @@ def validate(workflow: Workflow) -> list[Problem]:
             seen[result_name] = where
         for check, message, hint in step.problems(workflow.awaits, path):
             add(check, message, hint)
+    if isinstance(workflow.returns, str) and workflow.returns not in seen:
+        add(
+            "E130",
+            f"returns={workflow.returns!r} names no step's result "
+            f"(results: {', '.join(sorted(seen)) or 'none'})",
+            "Name a compute step or awaits key of this workflow, or give a callable(ctx).",
+        )
     for old, positions in sorted(workflow.migrates_from.items()):
         for source, target in sorted(positions.items()):
             try:
@@ -115,6 +122,8 @@ def _callables(workflow: Workflow) -> Iterator[tuple[str, Any]]:
         yield "the trigger filter", trigger.filter
     if callable(workflow.idempotency_key):
         yield "idempotency_key", workflow.idempotency_key
+    if callable(workflow.returns):
+        yield "returns", workflow.returns
     for path, step in iter_steps(workflow.steps):
         for arg, value in step.callables():
             yield f"step {path_text(path)} ({step.label()}) {arg}", value

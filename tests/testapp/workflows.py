@@ -434,3 +434,5 @@ rate_limited = define_workflow(
         steps.compute("second", hold_a_little),
     ],
 )
+# Child runs, fan-out and compensation (tests/test_composition.py).
+from tests.testapp import compose_workflows  # noqa: E402, F401

@@ -33,6 +33,8 @@ from kumiko_workflows.operations.explain import timeline
 from kumiko_workflows.operations.progress import Progress
 
 WORKFLOW = "order-fulfilment"
+#: The child workflow of the order's per-line fan-out.
+LINES = "order-line-reservation"
 #: Seconds between worker passes (real ones, or simulated with --fast).
 TICK = 0.2
 #: Seconds (real or simulated) after which the demo gives up on unfinished runs.
@@ -258,7 +260,10 @@ class Command(BaseCommand):
             and clock.elapsed >= o.kind.cancelled_at
         ]
         for order in cancelling:
-            cancel_run(order.run_id, "the customer changed their mind", by="demo-support")
+            # The reservations are released (the fan-out's compensation), then it ends cancelled.
+            cancel_run(
+                order.run_id, "the customer changed their mind", by="demo-support", compensate=True
+            )
             order.cancelled = True
         if cancelling:
             progress.note(
@@ -278,11 +283,12 @@ class Command(BaseCommand):
     # --- the end --------------------------------------------------------------------
 
     @staticmethod
-    def _outcome(run: WorkflowRun, retries: int, shipped: bool) -> str:
+    def _outcome(run: WorkflowRun, retries: int, shipped: bool, released: bool) -> str:
+        undone = ", reservations released" if released else ""
         if run.status == RunStatus.FAILED:
-            return f"failed: {run.failure_reason} at step {run.step} ({run.error_class})"
+            return f"failed: {run.failure_reason} at step {run.step} ({run.error_class}){undone}"
         if run.status == RunStatus.CANCELLED:
-            return "cancelled by support"
+            return f"cancelled by support{undone}"
         if run.status != RunStatus.COMPLETED:
             return run.status
         if not shipped:
@@ -307,10 +313,20 @@ class Command(BaseCommand):
                 type="order.shipped", aggregate_id__in=[o.order_id for o in orders]
             ).values_list("aggregate_id", flat=True)
         )
+        released = set(
+            events.filter(
+                type="order.stock-released", aggregate_id__in=[o.order_id for o in orders]
+            ).values_list("aggregate_id", flat=True)
+        )
         rows = Counter(
             (
                 run.status,
-                self._outcome(run, retries[run.run_id], order_of[run.run_id].order_id in shipped),
+                self._outcome(
+                    run,
+                    retries[run.run_id],
+                    order_of[run.run_id].order_id in shipped,
+                    order_of[run.run_id].order_id in released,
+                ),
             )
             for run in runs
         )
@@ -319,6 +335,15 @@ class Command(BaseCommand):
         for (status, outcome), n in sorted(rows.items(), key=lambda item: (item[0][0], -item[1])):
             self._say(f"  {status:<10} {n:>4}  {outcome}")
         self._say(f"  {'total':<10} {len(runs):>4}")
+        lines = WorkflowRun.objects.filter(parent_run_id__in=list(order_of))
+        self._say(
+            self.style.MIGRATE_HEADING("Fan-out and compensation")
+            + f"\n  {lines.count()} line reservations ran as child runs "
+            f"(workflow {LINES!r}), one per order line, "
+            "each order waiting for all of its lines"
+            + f"\n  {len(released)} order(s) had their reservations released by the fan-out's "
+            "compensation (the charge failed for good, or support cancelled)"
+        )
 
         example = self._example(runs, retries)
         if example is not None:
