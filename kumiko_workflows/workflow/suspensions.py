@@ -469,8 +469,7 @@ HELD = Record(
     by_step=False,
 )
 
-RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, SLOT, RATE, DEBOUNCED, HELD)
-RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, SLOT, RATE, CHILDREN, COMPENSATE)
+RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, DEBOUNCED, HELD, CHILDREN, COMPENSATE, SLOT, RATE)
 _BY_EVENT = {record.event_type: record for record in RECORDS}
 _BY_TYPE = {record.suspension_type: record for record in RECORDS}
 
