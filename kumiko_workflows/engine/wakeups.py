@@ -274,7 +274,7 @@ def wake_by_look_back(tenant_id: str, run_id: Any) -> bool:
 
 def _leave_check(tenant_id: str, **subject: Any) -> None:
     check = WakeCheck.objects.create(tenant_id=tenant_id, **subject)
-    db.on_commit(lambda: decide_checks([check.pk]), robust=True)
+    db.on_commit(lambda: decide_checks([(tenant_id, check.pk)]), robust=True)
 
 
 def project_wakeup(event: Event, replaying: bool) -> None:
@@ -315,8 +315,11 @@ def _decide(check: WakeCheck) -> bool:
     return True if event is None else wake_for_event(event)
 
 
-def decide_checks(ids: Iterable[int]) -> int:
-    """Decide the given checks, each in its own transaction; return how many were settled.
+def decide_checks(ids: Iterable[tuple[str, int]]) -> int:
+    """Decide the given checks (tenant, id), each in its own transaction; return how many settled.
+
+    Each is found, locked and deleted by its tenant and id: a statement of
+    one shard on Citus.
 
     A check another process holds is skipped (that process decides it); one
     whose candidates were locked stays for a later pass. Never raises: a
@@ -324,30 +327,32 @@ def decide_checks(ids: Iterable[int]) -> int:
     ``MAX_CHECK_ATTEMPTS`` times.
     """
     settled = 0
-    for pk in ids:
+    for tenant_id, pk in ids:
+        this = WakeCheck.objects.filter(tenant_id=tenant_id, pk=pk)
         try:
             with db.atomic():
-                check = WakeCheck.objects.select_for_update(skip_locked=True).filter(pk=pk).first()
+                check = this.select_for_update(skip_locked=True).first()
                 if check is None:
                     continue
                 if _decide(check):
-                    check.delete()
+                    this.delete()
                     settled += 1
         except Exception:
             logger.exception("wake-up check %s could not be decided", pk)
-            _count_attempt(pk)
+            _count_attempt(this, pk)
     return settled
 
 
-def _count_attempt(pk: int) -> None:
+def _count_attempt(this: Any, pk: int) -> None:
+    """Count a failed decision of the check ``this`` (a queryset of it); drop it at the limit."""
     try:
         with db.atomic():
-            check = WakeCheck.objects.select_for_update().filter(pk=pk).first()
+            check = this.select_for_update().first()
             if check is None:
                 return
             check.attempts += 1
             if check.attempts < MAX_CHECK_ATTEMPTS:
-                check.save(update_fields=["attempts"])
+                this.update(attempts=check.attempts)
                 return
             logger.error(
                 "tenant=%s event=%s run=%s wake-up check dropped after %d failed attempts; "
@@ -357,7 +362,7 @@ def _count_attempt(pk: int) -> None:
                 check.run_id,
                 check.attempts,
             )
-            check.delete()
+            this.delete()
     except Exception:
         logger.exception("wake-up check %s: could not count the failed attempt", pk)
 
@@ -367,4 +372,4 @@ def decide_waiting_checks(tenant_id: str | None = None, limit: int = 1000) -> in
     checks = WakeCheck.objects.order_by("id")
     if tenant_id is not None:
         checks = checks.filter(tenant_id=tenant_id)
-    return decide_checks(list(checks.values_list("pk", flat=True)[:limit]))
+    return decide_checks(list(checks.values_list("tenant_id", "pk")[:limit]))

@@ -12,6 +12,7 @@ Capability flags stand for the databases' differences, so engine code asks
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -173,6 +174,97 @@ def chains_writes() -> bool:
     return engine().vendor == "postgresql"
 
 
+def chains_inserts() -> bool:
+    """Whether two appends can ride in one statement (PostgreSQL, not distributed).
+
+    On Citus the second insert of a chain reads the first's row from a
+    ``WITH`` query, which names no shard: the chain would go through the
+    coordinator. Distributed, each append is a statement of its own shard.
+    """
+    return chains_writes() and not distributed()
+
+
+#: Per database alias: the driver connection it was asked on, and whether the
+#: engine's tables are distributed there (see :func:`distributed`).
+_DISTRIBUTED: dict[str, tuple[Any, bool]] = {}
+
+#: The tables :func:`distributed` asks about: the event table, which the others
+#: are co-located with (``distribute_workflow_tables``).
+DISTRIBUTION_TABLE = Event._meta.db_table
+
+
+def distributed() -> bool:
+    """Whether the engine's tables are distributed by tenant (Citus), on this connection.
+
+    Then every statement of a hot path names its tenant as a value, for
+    the coordinator to route it to one shard, and event ids are drawn from
+    the coordinator's sequence before the insert that uses them (see
+    :func:`next_event_id`). Asked once per driver connection (two catalog
+    reads), so a process connecting after ``distribute_workflow_tables``
+    ran sees it; plain PostgreSQL and SQLite answer False.
+    """
+    conn = engine()
+    if conn.vendor != "postgresql":
+        return False
+    conn.ensure_connection()
+    known = _DISTRIBUTED.get(conn.alias)
+    if known is not None and known[0] is conn.connection:
+        return known[1]
+    answer = citus_tables().get(DISTRIBUTION_TABLE) == "distributed"
+    _DISTRIBUTED[conn.alias] = (conn.connection, answer)
+    return answer
+
+
+def forget_distribution() -> None:
+    """Ask :func:`distributed` again on the next statement (the tables were just distributed)."""
+    _DISTRIBUTED.clear()
+    _SQL.clear()
+
+
+def has_citus() -> bool:
+    """Whether the engine's database has the citus extension (PostgreSQL only)."""
+    conn = engine()
+    if conn.vendor != "postgresql":
+        return False
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'citus'")
+        return cursor.fetchone() is not None
+
+
+def citus_tables() -> dict[str, str]:
+    """Citus's kind of each table it knows (``distributed``, ``reference``, ``local``), by name.
+
+    Empty where Citus is not installed.
+    """
+    if not has_citus():
+        return {}
+    with engine().cursor() as cursor:
+        cursor.execute(
+            "SELECT logicalrelid::regclass::text, CASE WHEN partmethod = 'h' THEN 'distributed' "
+            "WHEN repmodel = 't' THEN 'reference' ELSE 'local' END FROM pg_dist_partition"
+        )
+        return {str(name).strip('"'): str(kind) for name, kind in cursor.fetchall()}
+
+
+def next_event_id() -> int:
+    """A new event id from the event table's sequence (distributed: on the coordinator).
+
+    On Citus, an insert that reads the table it writes (``INSERT ...
+    SELECT``) is executed on the worker that holds the shard, and a
+    sequence's default would be drawn there, from that worker's own range:
+    ids would stop being the append order. So the id is drawn here first,
+    from the coordinator's sequence, as a plain PostgreSQL insert draws it.
+    """
+
+    def build() -> str:
+        return f"SELECT nextval(pg_get_serial_sequence('{DISTRIBUTION_TABLE}', 'id'))"
+
+    with hot_cursor() as cursor:
+        cursor.execute(statement(("next_event_id",), build))
+        (value,) = cursor.fetchone()
+        return int(value)
+
+
 def wait_paths(tenant_id: str, event_type: str) -> list[str]:
     """The distinct payload paths waits of the tenant use for ``event_type``.
 
@@ -232,7 +324,8 @@ def keyed_events(
     """
     conn = engine()
     ops = conn.ops
-    shape = (len(offers), until is not None, len(taken), len(engine_types))
+    sharded = distributed()
+    shape = (len(offers), until is not None, len(taken), len(engine_types), sharded)
 
     def build() -> str:
         table = ops.quote_name(Event._meta.db_table)
@@ -244,9 +337,13 @@ def keyed_events(
             narrowed += " AND created_at <= %s"
         if taken:
             narrowed += f" AND id NOT IN ({', '.join(['%s'] * len(taken))})"
+        # Distributed, the tenant goes inside too: it is what routes the
+        # statement to the tenant's shard, whose candidates are then only
+        # those of the tenants that shard holds.
+        own = " AND tenant_id = %s" if sharded else ""
         return (
             f"WITH candidates AS MATERIALIZED (SELECT {columns} FROM {table} "  # noqa: S608
-            f"WHERE ({contains}) AND aggregate_type NOT IN ({excluded})) "
+            f"WHERE ({contains}) AND aggregate_type NOT IN ({excluded}){own}) "
             f"SELECT {columns} FROM candidates WHERE {narrowed} ORDER BY id"
         )
 
@@ -254,6 +351,7 @@ def keyed_events(
     params: list[Any] = [
         *(field.get_db_prep_value(offer, conn) for offer in offers),
         *engine_types,
+        *([tenant_id] if sharded else []),
         tenant_id,
         event_type,
         after_id,
@@ -360,27 +458,35 @@ def claim_due(
             where += f" AND {alias}definition_fingerprint NOT IN ({marks})"
         if only:
             where += f" AND {alias}workflow_name IN ({', '.join(['%s'] * len(only))})"
-        join = (
-            f"LEFT JOIN {ops.quote_name(event.db_table)} e "
-            "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
-        )
         if chained:
+            # Every table named with the tenant as a value, the DELETE's too:
+            # one shard's statement on Citus (its planner routes a statement
+            # by the distribution column's values, not by a join's).
+            join = (
+                f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+                "ON e.id = c.trigger_event_id AND e.tenant_id = %s"
+            )
             return (
-                f"WITH c AS (DELETE FROM {table} WHERE id = ("  # noqa: S608 - identifiers
+                f"WITH c AS (DELETE FROM {table} WHERE tenant_id = %s AND id = ("  # noqa: S608
                 f"SELECT id FROM {table} WHERE {where} ORDER BY wake_at, id LIMIT 1 "
                 f"FOR UPDATE SKIP LOCKED) RETURNING {returned}) "
                 f"SELECT {row_columns}, {event_columns} FROM c {join}"
             )
+        join = (
+            f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+            "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
+        )
         return (
             f"SELECT {row_columns}, {event_columns} FROM {table} c {join} "  # noqa: S608
             f"WHERE {where} ORDER BY c.wake_at, c.id LIMIT 1"
         )
 
     sql = statement(("claim_due", len(skip), len(foreign), len(only)), build)
+    params: list[Any] = [tenant_id, now, *skip, *foreign, *only]
     with hot_cursor() as cursor:
         if not chained:
             _take_write_lock(cursor)
-        cursor.execute(sql, [tenant_id, now, *skip, *foreign, *only])
+        cursor.execute(sql, [tenant_id, *params, tenant_id] if chained else params)
         found = cursor.fetchone()
         if found is not None and not chained:
             delete = statement(
@@ -494,6 +600,65 @@ def _build_insert(shape: str) -> str:
     if shape == "new_engine":
         return f"{insert} VALUES ({placeholders}, {version}) {conflict}"
     return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
+
+
+def sharded_insert_sql(shape: str) -> str:
+    """The append's INSERT on distributed tables (Citus), one shard's statement, for ``shape``.
+
+    The id is a parameter (:func:`next_event_id`), first of all. Where the
+    plain shapes test the stream with a subquery (which Citus can only run
+    through the coordinator), these read the stream's row in the ``FROM``
+    of the insert, naming the tenant, so Citus pushes the whole statement
+    down to the shard:
+
+    - ``after``: the expected version exists in this tenant with this
+      aggregate type (no gap, and the stream's type kept);
+    - ``next``: after the stream's latest event of this aggregate type (no
+      row: the stream is new, has another type, or moved: see the caller);
+    - ``first``: version 1, a plain ``VALUES`` insert. That no other
+      tenant's stream has the id is asked once it is written, by
+      :func:`stream_elsewhere` (a question for every shard, once per stream).
+    """
+    return statement(("sharded_insert", shape), lambda: _build_sharded_insert(shape))
+
+
+def _build_sharded_insert(shape: str) -> str:
+    ops = engine().ops
+    table = ops.quote_name(Event._meta.db_table)
+    columns = ", ".join(ops.quote_name(c) for c in ("id", *EVENT_COLUMNS, "version"))
+    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
+    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608 - identifiers
+    if shape == "first":
+        placeholders = ", ".join(["%s"] * (len(EVENT_COLUMNS) + 2))
+        return f"{insert} VALUES ({placeholders}) {conflict}"
+    # The tenant comes from the row read (p.tenant_id): that is what lets
+    # Citus see the insert and its read on one shard.
+    values = ", ".join(["%s"] * (len(EVENT_COLUMNS) - 1))
+    stream = "p.tenant_id = %s AND p.aggregate_id = %s AND p.aggregate_type = %s"
+    if shape == "after":
+        return (
+            f"{insert} SELECT %s, p.tenant_id, {values}, %s FROM {table} p "  # noqa: S608
+            f"WHERE {stream} AND p.version = %s {conflict}"
+        )
+    return (
+        f"{insert} SELECT %s, p.tenant_id, {values}, p.version + 1 FROM {table} p "  # noqa: S608
+        f"WHERE {stream} ORDER BY p.version DESC LIMIT 1 {conflict}"
+    )
+
+
+def stream_elsewhere(tenant_id: str, aggregate_id: Any) -> bool:
+    """Whether another tenant has a stream with this id (asked of every shard on Citus)."""
+
+    def build() -> str:
+        table = engine().ops.quote_name(Event._meta.db_table)
+        return (
+            f"SELECT 1 FROM {table} WHERE aggregate_id = %s AND version = 1 "  # noqa: S608
+            "AND tenant_id <> %s LIMIT 1"
+        )
+
+    with hot_cursor() as cursor:
+        cursor.execute(statement(("stream_elsewhere",), build), [aggregate_id, tenant_id])
+        return cursor.fetchone() is not None
 
 
 def _build_pair(folded: tuple[str, ...]) -> str:
@@ -802,12 +967,24 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
     tenants, one index probe each however many rows they have; each tenant's
     count reads only its due range of the index, never its rows due later.
     The worker asks which tenants have due rows (``cap`` 1); the due-backlog
-    gauge (:mod:`kumiko_workflows.telemetry`) how many.
+    gauge (:mod:`kumiko_workflows.telemetry`) how many. Distributed (Citus),
+    the same scan runs in each shard (:func:`_due_backlog_per_shard`).
     """
+    if distributed():
+        return _due_backlog_per_shard(now, cap)
 
     def build() -> str:
         table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
-        return f"""
+        return _backlog_sql(table, "%s", "%s")
+
+    with engine().cursor() as cursor:
+        cursor.execute(statement(("due_backlog",), build), [now, cap])
+        return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+
+
+def _backlog_sql(table: str, now: str, cap: str) -> str:
+    """The backlog's loose index scan over ``table`` (``now``, ``cap``: SQL for the values)."""
+    return f"""
             WITH RECURSIVE tenants(tenant_id) AS (
                 SELECT MIN(tenant_id) FROM {table}
                 UNION ALL
@@ -817,15 +994,42 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
             SELECT t.tenant_id, (
                 SELECT COUNT(*) FROM (
                     SELECT 1 FROM {table} d
-                    WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s LIMIT %s
+                    WHERE d.tenant_id = t.tenant_id AND d.wake_at <= {now} LIMIT {cap}
                 ) due
             )
             FROM tenants t WHERE t.tenant_id IS NOT NULL
         """  # noqa: S608 - the table name comes from the model; values are parameters
 
+
+def _due_backlog_per_shard(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """:func:`due_backlog` on distributed tables (Citus): the same scan in every shard.
+
+    Citus refuses a recursive query over a distributed table unless it
+    names one shard, so the loose index scan runs in each shard of the
+    pending table (``run_command_on_shards``, in parallel, each returning
+    its tenants as JSON); a tenant lives in one shard, so nothing is
+    counted twice. The instant and the cap are written into the command as
+    literals, from a datetime and an int only.
+    """
+    if not isinstance(now, datetime) or isinstance(cap, bool) or not isinstance(cap, int):
+        raise TypeError("due_backlog takes a datetime and an int")
+    instant = now.astimezone(UTC).isoformat()  # digits, '-', ':', '.', '+', 'T' only
+    scan = _backlog_sql("%1$s", f"'{instant}'::timestamptz", str(int(cap)))
+    command = (
+        "WITH backlog(tenant_id, due) AS ("  # noqa: S608 - a model's table, literals checked
+        f"{scan}) SELECT COALESCE(json_agg(json_build_array(tenant_id, due)), '[]') FROM backlog"
+    )
+    table = WorkflowRunPending._meta.db_table
+    rows: list[tuple[str, int]] = []
     with engine().cursor() as cursor:
-        cursor.execute(statement(("due_backlog",), build), [now, cap])
-        return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+        cursor.execute(
+            "SELECT success, result FROM run_command_on_shards(%s::regclass, %s)", [table, command]
+        )
+        for success, result in cursor.fetchall():
+            if not success:
+                raise RuntimeError(f"the due backlog could not be read from a shard: {result}")
+            rows.extend((str(tenant), int(due)) for tenant, due in json.loads(result))
+    return sorted(rows)
 
 
 #: The database's clock, as Django's ``Now()`` reads it (the statement's
@@ -932,7 +1136,7 @@ def add_signal_delivery(event_id: int, tenant_id: str, owner: str) -> None:
         cursor.execute(statement(("add_signal_delivery",), build), [event_id, tenant_id, owner])
 
 
-def delete_signal_delivery(event_id: int) -> None:
+def delete_signal_delivery(tenant_id: str, event_id: int) -> None:
     """Delete a delivery row once its receivers ran (after the commit, in autocommit).
 
     On PostgreSQL its commit does not wait for the WAL to reach the disk
@@ -941,19 +1145,23 @@ def delete_signal_delivery(event_id: int) -> None:
     least once) allows, and each delivered signal saves a disk flush.
     """
     conn = engine()
+    sharded = distributed()
 
     def build() -> str:
         sql = (
             f"DELETE FROM {conn.ops.quote_name(SignalDelivery._meta.db_table)} "  # noqa: S608
-            f"WHERE {conn.ops.quote_name('event_id')} = %s"
+            f"WHERE {conn.ops.quote_name('tenant_id')} = %s "
+            f"AND {conn.ops.quote_name('event_id')} = %s"
         )
-        if conn.vendor != "postgresql":
-            return sql
+        if conn.vendor != "postgresql" or sharded:
+            return sql  # (distributed: the WITH query would run apart, on the coordinator)
         relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
         return f"{relax}{sql} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
 
     with hot_cursor() as cursor:
-        cursor.execute(statement(("delete_signal_delivery",), build), [event_id])
+        cursor.execute(
+            statement(("delete_signal_delivery", sharded), build), [tenant_id, event_id]
+        )
 
 
 # --- deployed definitions (engine/deploys) -------------------------------------
@@ -985,3 +1193,67 @@ def register_definitions(rows: Sequence[tuple[str, str, int, dict[str, str]]], b
         params += [fingerprint, name, version, prints.get_db_prep_save(step_prints, conn), by]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+# --- distribution (Citus: operations/distribute) -------------------------------
+
+
+def table_has_rows(table: str) -> bool:
+    """Whether ``table`` (a model's) holds any row."""
+    with engine().cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {engine().ops.quote_name(table)} LIMIT 1")  # noqa: S608
+        return cursor.fetchone() is not None
+
+
+def primary_key_columns(table: str) -> list[str]:
+    """The columns of ``table``'s primary key constraint, in order."""
+    conn = engine()
+    with conn.cursor() as cursor:
+        found = conn.introspection.get_constraints(cursor, table)
+    for info in found.values():
+        if info["primary_key"]:
+            return list(info["columns"])
+    return []
+
+
+def distribute_table(
+    table: str, column: str, *, colocate_with: str, shard_count: int | None, online: bool
+) -> None:
+    """Distribute ``table`` by ``column`` (Citus), co-located with ``colocate_with``.
+
+    ``online``: ``create_distributed_table_concurrently``, which lets reads
+    and writes go on while the rows are copied (it cannot run inside a
+    transaction block); else ``create_distributed_table``, which holds
+    writes off while it copies (instant on an empty table).
+    """
+    function = "create_distributed_table_concurrently" if online else "create_distributed_table"
+    arguments = "%s::regclass, %s, colocate_with => %s"
+    params: list[Any] = [table, column, colocate_with]
+    if shard_count is not None:
+        arguments += ", shard_count => %s"
+        params.append(int(shard_count))
+    with engine().cursor() as cursor:
+        cursor.execute(f"SELECT {function}({arguments})", params)
+    forget_distribution()
+
+
+def shard_placements(table: str) -> list[tuple[int, str, int]]:
+    """(shard id, node name, node port) of each placement of ``table``'s shards."""
+    with engine().cursor() as cursor:
+        cursor.execute(
+            "SELECT shardid, nodename, nodeport FROM citus_shards "
+            "WHERE table_name = %s::regclass ORDER BY shardid",
+            [table],
+        )
+        return [(int(shard), str(name), int(port)) for shard, name, port in cursor.fetchall()]
+
+
+def colocation_ids(tables: Sequence[str]) -> dict[str, int]:
+    """Citus's co-location group of each of ``tables`` that it distributes."""
+    with engine().cursor() as cursor:
+        cursor.execute(
+            "SELECT logicalrelid::regclass::text, colocationid FROM pg_dist_partition "
+            "WHERE logicalrelid::regclass::text = ANY(%s)",
+            [list(tables)],
+        )
+        return {str(name): int(group) for name, group in cursor.fetchall()}

@@ -40,7 +40,7 @@ from kumiko_workflows.exceptions import (
 )
 from kumiko_workflows.models import Event
 from kumiko_workflows.store import db as db_statements
-from kumiko_workflows.store.db import EVENT_COLUMNS, chains_writes
+from kumiko_workflows.store.db import EVENT_COLUMNS, chains_inserts
 from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.jsonvalues import (
@@ -397,6 +397,9 @@ def _insert(
     db = db_statements.engine()  # one lookup of the thread's connection, not one per use
     tenant, aggregate_type = event.tenant_id, event.aggregate_type
     values = _row_values(db, event, json_texts)
+    if db_statements.distributed():
+        _insert_sharded(db, event, expected_version, values, savepoint=savepoint)
+        return
     aggregate = values[1]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
@@ -448,6 +451,78 @@ def _write(
             _saved(db, event, rows[0], projected)
             return True
     return False
+
+
+def _insert_sharded(
+    db: BaseDatabaseWrapper,
+    event: Event,
+    expected_version: int | None,
+    values: list[Any],
+    *,
+    savepoint: bool,
+) -> None:
+    """:func:`_insert` on distributed tables (Citus): each statement one shard's.
+
+    The id is drawn from the coordinator's sequence first, so ids stay the
+    append order (:func:`kumiko_workflows.store.db.next_event_id`). An
+    append after a version, or to the next one, reads the stream's row in
+    the insert itself (:func:`~kumiko_workflows.store.db.sharded_insert_sql`).
+    A stream's first event is a plain insert of version 1, and only once it
+    is written is every shard asked whether another tenant's stream has the
+    id (in a savepoint, which takes the row back if one has): the one
+    question of an append that is not one shard's, asked once per stream.
+    ``pre_save`` was sent by the caller.
+    """
+    tenant, kind = event.tenant_id, event.aggregate_type
+    aggregate = values[1]
+    projected = registry.handles(event.type)
+    engine_start = expected_version == 0 and kind in ENGINE_STREAMS
+    attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
+    for _ in range(attempts):
+        event_id = db_statements.next_event_id()
+        if expected_version:
+            sql = db_statements.sharded_insert_sql("after")
+            stream = [tenant, aggregate, kind, expected_version]
+            params = [event_id, *values[1:], expected_version + 1, *stream]
+            if _write(db, event, sql, params, projected, savepoint):
+                return
+        else:
+            if expected_version is None:
+                sql = db_statements.sharded_insert_sql("next")
+                params = [event_id, *values[1:], tenant, aggregate, kind]
+                if _write(db, event, sql, params, projected, savepoint):
+                    return
+            if _write_first(db, event, [event_id, *values, 1], projected, savepoint, engine_start):
+                return
+        refusal = _refusal(event, expected_version)
+        if refusal is not None:
+            raise refusal
+    raise _version_conflict(event, expected_version)
+
+
+def _write_first(
+    db: BaseDatabaseWrapper,
+    event: Event,
+    params: list[Any],
+    projected: bool,
+    savepoint: bool,
+    engine_start: bool,
+) -> bool:
+    """Write a stream's first event (distributed); refuse it if another tenant has the stream.
+
+    An engine stream's id is derived from its tenant, so another tenant's
+    stream with it is its own, as :func:`_refusal` says: not asked.
+    """
+    checked = not engine_start
+    block = db_statements.atomic(savepoint=savepoint or checked)
+    with block:
+        rows = db_statements.run_insert(db_statements.sharded_insert_sql("first"), params, db)
+        if not rows:
+            return False
+        if checked and db_statements.stream_elsewhere(event.tenant_id, params[2]):
+            raise StreamIdentityError(f"stream {event.aggregate_id} belongs to another tenant")
+        _saved(db, event, rows[0], projected)
+    return True
 
 
 def _row_values(db: BaseDatabaseWrapper, event: Event, json_texts: tuple[str, str]) -> list[Any]:
@@ -528,7 +603,7 @@ def append_engine_pair(
     (one, one_texts), (two, two_texts) = prepared
     token = _engine_writing.set(False)  # the projections' appends are not the engine's
     try:
-        if chains_writes():
+        if chains_inserts():
             _insert_pair(db, one, one_texts, two, two_texts, expected_version)
         else:
             _insert(one, expected_version, one_texts, savepoint=False)
