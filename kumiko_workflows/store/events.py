@@ -397,9 +397,6 @@ def _insert(
     db = db_statements.engine()  # one lookup of the thread's connection, not one per use
     tenant, aggregate_type = event.tenant_id, event.aggregate_type
     values = _row_values(db, event, json_texts)
-    if db_statements.distributed():
-        _insert_sharded(db, event, expected_version, values, savepoint=savepoint)
-        return
     aggregate = values[1]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
@@ -415,6 +412,9 @@ def _insert(
     projected = registry.handles(event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
+    if db_statements.distributed():
+        _insert_sharded(db, event, expected_version, values, savepoint=savepoint)
+        return
     # A block with a savepoint of its own (or a transaction) can run again
     # once a pooler's refusal of a prepared statement rolled it back: the
     # connection prepares nothing from then on (store.db._PreparingCursor).
