@@ -39,20 +39,37 @@ def _primary_key(schema_editor, table):
     raise RuntimeError(f"{table} has no primary key")
 
 
+def _distributed(schema_editor):
+    """The tables Citus distributes in this database (none without Citus)."""
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL")
+        if not cursor.fetchone()[0]:
+            return set()
+        cursor.execute("SELECT logicalrelid::regclass::text FROM pg_dist_partition")
+        return {name for (name,) in cursor.fetchall()}
+
+
 def _rekey(schema_editor, with_tenant):
     if schema_editor.connection.vendor != "postgresql":
         return
     quote = schema_editor.quote_name
+    distributed = set() if with_tenant else _distributed(schema_editor)
     for table, column in TENANT_KEYS:
         wanted = [column, "tenant_id"] if with_tenant else [column]
         name, columns = _primary_key(schema_editor, table)
         if columns == wanted:
             continue
-        # One ALTER TABLE: the table is never without a key (a replica
-        # identity, which logical replication and Citus's shard moves need).
+        if table in distributed:
+            raise RuntimeError(
+                f"{table} is distributed by Citus, whose keys must hold tenant_id: "
+                "undistribute it (undistribute_table) before migrating below 0016"
+            )
+        # Two statements (Citus takes no other subcommand beside ADD
+        # CONSTRAINT), in the migration's one transaction: no other session
+        # sees the table without its key.
+        schema_editor.execute(f"ALTER TABLE {quote(table)} DROP CONSTRAINT {quote(name)}")
         schema_editor.execute(
-            f"ALTER TABLE {quote(table)} DROP CONSTRAINT {quote(name)}, "
-            f"ADD CONSTRAINT {quote(table + '_pkey')} "
+            f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(table + '_pkey')} "
             f"PRIMARY KEY ({', '.join(quote(c) for c in wanted)})"
         )
 

@@ -971,7 +971,7 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
     the same scan runs in each shard (:func:`_due_backlog_per_shard`).
     """
     if distributed():
-        return _due_backlog_per_shard(now, cap)
+        return _due_backlog_distributed(now, cap)
 
     def build() -> str:
         table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
@@ -1001,7 +1001,22 @@ def _backlog_sql(table: str, now: str, cap: str) -> str:
         """  # noqa: S608 - the table name comes from the model; values are parameters
 
 
-def _due_backlog_per_shard(now: datetime, cap: int) -> list[tuple[str, int]]:
+def _due_backlog_grouped(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """:func:`due_backlog` as one grouped count (Citus pushes it down to each shard)."""
+
+    def build() -> str:
+        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
+        return (
+            "SELECT tenant_id, LEAST(COUNT(*) FILTER (WHERE wake_at <= %s), %s) "  # noqa: S608
+            f"FROM {table} GROUP BY tenant_id ORDER BY tenant_id"
+        )
+
+    with engine().cursor() as cursor:
+        cursor.execute(statement(("due_backlog_grouped",), build), [now, cap])
+        return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+
+
+def _due_backlog_distributed(now: datetime, cap: int) -> list[tuple[str, int]]:
     """:func:`due_backlog` on distributed tables (Citus): the same scan in every shard.
 
     Citus refuses a recursive query over a distributed table unless it
@@ -1010,7 +1025,14 @@ def _due_backlog_per_shard(now: datetime, cap: int) -> list[tuple[str, int]]:
     its tenants as JSON); a tenant lives in one shard, so nothing is
     counted twice. The instant and the cap are written into the command as
     literals, from a datetime and an int only.
+
+    ``run_command_on_shards`` works on connections of its own, which cannot
+    see what the caller's open transaction wrote: inside one, a grouped
+    count that Citus pushes down to every shard answers instead (it reads
+    each pending row, not only the due range).
     """
+    if engine().in_atomic_block:
+        return _due_backlog_grouped(now, cap)
     if not isinstance(now, datetime) or isinstance(cap, bool) or not isinstance(cap, int):
         raise TypeError("due_backlog takes a datetime and an int")
     instant = now.astimezone(UTC).isoformat()  # digits, '-', ':', '.', '+', 'T' only
