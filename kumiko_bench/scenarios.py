@@ -42,7 +42,8 @@ from kumiko_workflows.models import (
     WorkflowWaitKey,
 )
 from kumiko_workflows.steps import compute, wait, wait_for_event
-from kumiko_workflows.workflow.definition import define_workflow, on_event, run_id_for
+from kumiko_workflows.workflow.definition import define_workflow, run_id_for
+from kumiko_workflows.workflow.triggers import on_event
 
 logger = logging.getLogger("kumiko_bench")
 

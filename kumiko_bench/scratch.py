@@ -23,7 +23,7 @@ from types import TracebackType
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import DatabaseError, connection
 
 #: Scratch databases are named ``<configured name>_kbench_<token>``.
 MARKER = "_kbench_"
@@ -114,7 +114,14 @@ class ScratchDatabase:
 
     @staticmethod
     def _citus_workers() -> list[tuple[str, int]]:
-        """The primary worker nodes of the configured database, if it is a Citus coordinator."""
+        """The primary worker nodes of the configured database, if it is a Citus coordinator.
+
+        None if that database does not exist (the bench needs only its server).
+        """
+        try:
+            connection.ensure_connection()
+        except DatabaseError:
+            return []
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'citus'")
             if cursor.fetchone() is None:

@@ -18,15 +18,15 @@ except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
 
 _EXPORTS = {
     "define_workflow": "kumiko_workflows.workflow.definition",
-    "on_event": "kumiko_workflows.workflow.definition",
-    "on_cron": "kumiko_workflows.workflow.definition",
+    "on_event": "kumiko_workflows.workflow.triggers",
+    "on_cron": "kumiko_workflows.workflow.cron",
     "run_id_for": "kumiko_workflows.workflow.definition",
     "steps": "kumiko_workflows.steps",
     "match": "kumiko_workflows.match",
     "event_types": "kumiko_workflows.event_types",
     "append_event": "kumiko_workflows.store.events",
     "load_stream": "kumiko_workflows.store.events",
-    "stream_id_for": "kumiko_workflows.store.events",
+    "stream_id_for": "kumiko_workflows.store.stream_ids",
     "WorkflowError": "kumiko_workflows.exceptions",
     "InvalidEvent": "kumiko_workflows.exceptions",
     "StreamIdentityError": "kumiko_workflows.exceptions",
@@ -44,12 +44,12 @@ _EXPORTS = {
     "MigrationRefused": "kumiko_workflows.exceptions",
     "RunContext": "kumiko_workflows.engine.segment",
     "resume_due_runs": "kumiko_workflows.engine.resume",
-    "cancel_run": "kumiko_workflows.engine.resume",
-    "wake_run": "kumiko_workflows.engine.resume",
-    "rerun_run": "kumiko_workflows.engine.resume",
-    "retry_run": "kumiko_workflows.engine.resume",
+    "cancel_run": "kumiko_workflows.engine.run_controls",
+    "wake_run": "kumiko_workflows.engine.run_controls",
+    "rerun_run": "kumiko_workflows.engine.run_controls",
+    "retry_run": "kumiko_workflows.engine.run_controls",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
-    "start_in_worker": "kumiko_workflows.engine.segment",
+    "start_in_worker": "kumiko_workflows.engine.starts",
     "await_run_finished": "kumiko_workflows.aio",
     "aresume_due_runs": "kumiko_workflows.aio",
     "arerun_run": "kumiko_workflows.aio",
@@ -57,9 +57,9 @@ _EXPORTS = {
     "acancel_run": "kumiko_workflows.aio",
     "aappend_event": "kumiko_workflows.aio",
     "migrate_workflow_runs": "kumiko_workflows.engine.versions",
-    "pause_schedule": "kumiko_workflows.engine.cron",
-    "resume_schedule": "kumiko_workflows.engine.cron",
-    "fire_schedule_now": "kumiko_workflows.engine.cron",
+    "pause_schedule": "kumiko_workflows.engine.schedule_controls",
+    "resume_schedule": "kumiko_workflows.engine.schedule_controls",
+    "fire_schedule_now": "kumiko_workflows.engine.schedule_controls",
 }
 
 __all__ = [
@@ -119,20 +119,16 @@ if TYPE_CHECKING:  # pragma: no cover
         await_run_finished,
         awake_run,
     )
-    from kumiko_workflows.engine.cron import (
-        fire_due_schedules,
+    from kumiko_workflows.engine.cron import fire_due_schedules
+    from kumiko_workflows.engine.resume import resume_due_runs
+    from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, retry_run, wake_run
+    from kumiko_workflows.engine.schedule_controls import (
         fire_schedule_now,
         pause_schedule,
         resume_schedule,
     )
-    from kumiko_workflows.engine.resume import (
-        cancel_run,
-        rerun_run,
-        resume_due_runs,
-        retry_run,
-        wake_run,
-    )
-    from kumiko_workflows.engine.segment import RunContext, start_in_worker
+    from kumiko_workflows.engine.segment import RunContext
+    from kumiko_workflows.engine.starts import start_in_worker
     from kumiko_workflows.engine.versions import migrate_workflow_runs
     from kumiko_workflows.exceptions import (
         AppendOnlyError,
@@ -151,8 +147,11 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowDefinitionError,
         WorkflowError,
     )
-    from kumiko_workflows.store.events import append_event, load_stream, stream_id_for
-    from kumiko_workflows.workflow.definition import define_workflow, on_cron, on_event, run_id_for
+    from kumiko_workflows.store.events import append_event, load_stream
+    from kumiko_workflows.store.stream_ids import stream_id_for
+    from kumiko_workflows.workflow.cron import on_cron
+    from kumiko_workflows.workflow.definition import define_workflow, run_id_for
+    from kumiko_workflows.workflow.triggers import on_event
 
 
 def __getattr__(name: str) -> Any:

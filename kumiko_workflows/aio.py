@@ -15,13 +15,8 @@ import uuid
 
 from asgiref.sync import sync_to_async
 
-from kumiko_workflows.engine.resume import (
-    cancel_run,
-    find_run,
-    rerun_run,
-    resume_due_runs,
-    wake_run,
-)
+from kumiko_workflows.engine.resume import resume_due_runs
+from kumiko_workflows.engine.run_controls import cancel_run, find_run, rerun_run, wake_run
 from kumiko_workflows.exceptions import InvalidArgument
 from kumiko_workflows.models import SETTLED_STATUSES, WorkflowRun
 from kumiko_workflows.store.events import append_event

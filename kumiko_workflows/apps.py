@@ -16,14 +16,14 @@ class KumikoWorkflowsConfig(AppConfig):
         from kumiko_workflows.engine import (  # noqa: F401 - deploys registers code on connect
             deploys,
             purged_runs,
-            segment,
+            starts,
             transitions,
             wakeups,
         )
         from kumiko_workflows.models import Event
         from kumiko_workflows.projections import pending, run_status
         from kumiko_workflows.store import dispatch
-        from kumiko_workflows.workflow.definition import registry as workflows
+        from kumiko_workflows.workflow.registry import registry as workflows
 
         projections = dispatch.registry
         if "kumiko_workflows.run_status" not in projections:
@@ -55,7 +55,7 @@ class KumikoWorkflowsConfig(AppConfig):
             projections.register(
                 "kumiko_workflows.trigger",
                 workflows.is_trigger,
-                segment.trigger_projection,
+                starts.trigger_projection,
                 order=40,
                 replay=False,
                 builtin=True,

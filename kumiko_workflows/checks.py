@@ -8,10 +8,11 @@ from typing import Any
 from django.core import checks
 
 from kumiko_workflows.conf import DEFAULTS, import_callable, workflow_settings
+from kumiko_workflows.operations.cutoff import retention_problem
 from kumiko_workflows.operations.distribute import undistributed
-from kumiko_workflows.operations.purge import retention_problem
-from kumiko_workflows.store.events import name_problem
-from kumiko_workflows.workflow.definition import registry, validate
+from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.validation import validate
 
 
 @checks.register("kumiko_workflows")
@@ -202,8 +203,6 @@ def _migration_sources(workflow: Any) -> list[checks.CheckMessage]:
                     )
                 )
     return errors
-
-
 @checks.register("kumiko_workflows", checks.Tags.database)
 def check_distribution(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any

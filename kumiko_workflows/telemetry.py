@@ -33,10 +33,10 @@ from typing import Any, TypeVar
 from django.utils import timezone
 
 from kumiko_workflows import __version__
-from kumiko_workflows import event_types as et
-from kumiko_workflows.steps import Suspend, path_text
-from kumiko_workflows.store import db
+from kumiko_workflows.store import claims, db
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow.step_kind import Suspend, path_text
 
 try:
     from opentelemetry import context, metrics, trace
@@ -430,7 +430,7 @@ def _observe_due(options: Any) -> Iterable[Any]:
     connection = db.engine()
     opened = connection.connection is None
     try:
-        rows = db.due_backlog(timezone.now(), BACKLOG_CAP)
+        rows = claims.due_backlog(timezone.now(), BACKLOG_CAP)
     except Exception as exc:
         # The reader's thread may have no usable connection (or none allowed):
         # no observation this time, and the reader carries on.

@@ -16,7 +16,7 @@ from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.store.streams import FAILURE_REASONS
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import trigger, types_of
 from tests.testapp import workflows as w
 
@@ -484,7 +484,7 @@ def test_run_list_shows_each_cron_schedule_with_its_last_and_next_slot(
     from datetime import UTC, datetime
 
     from kumiko_workflows import fire_due_schedules, run_id_for
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     from tests.testapp import cron_workflows as cw
 
     settings_tenants = "tests.test_admin.two_tenants"
@@ -525,7 +525,8 @@ def test_run_list_shows_a_schedule_that_cannot_fire_and_the_others(
 
     from kumiko_workflows import fire_due_schedules
     from kumiko_workflows.exceptions import ScheduleError
-    from kumiko_workflows.workflow.definition import CronTrigger, Workflow
+    from kumiko_workflows.workflow.cron import CronTrigger
+    from kumiko_workflows.workflow.definition import Workflow
     from tests.testapp import cron_workflows as cw
 
     stale = Workflow("t-cron-stale", CronTrigger(expression), [steps.compute("x", cw.slot_of)])

@@ -517,7 +517,7 @@ def _schedule_operation(name):
 def test_a_bad_by_of_a_schedule_operation_is_refused_before_any_sql(
     operation, by, message, django_assert_num_queries
 ):
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     from tests.testapp import cron_workflows as cw
 
     with registry.override(cw.hourly_all), transaction.atomic():
@@ -601,7 +601,7 @@ def test_a_bad_append_from_a_step_fails_the_run_not_the_trigger_write(bad, detai
 def test_a_step_of_a_workflow_with_a_200_character_name_can_append():
     """ctx.append_event's default created_by ('workflow:<name>') fits its column."""
     from kumiko_workflows import define_workflow, on_event, steps
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     from tests.testapp.workflows import append_as_told, run_key
 
     name = "w" * 200

@@ -21,7 +21,7 @@ from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_
 from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import subprocess_env, trigger, types_of
 from tests.testapp import workflows as w
 

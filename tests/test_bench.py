@@ -23,7 +23,7 @@ from django.db import connection
 
 from kumiko_bench.scenarios import Bench
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import REPO, on_postgres, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -155,7 +155,7 @@ def test_the_lists_fit_a_1366_px_screen_and_the_schedule_buttons_work(
     from playwright.sync_api import expect, sync_playwright
 
     from kumiko_workflows import fire_due_schedules
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     from tests.testapp import cron_workflows as cw
 
     django_user_model.objects.create_superuser("root", "root@example.com", "secret-pw")

@@ -30,7 +30,7 @@ from kumiko_workflows import append_event, resume_due_runs, run_id_for
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.distribute import LOCAL_MODELS, TENANT_MODELS
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, distribution
 from tests.conftest import run_manage, subprocess_env
 from tests.faults_support import Worker, wait_for
 
@@ -55,13 +55,13 @@ WORKER_RANGE = 1 << 48
 def distributed(django_db_setup: Any, django_db_blocker: Any) -> None:
     """The test database's workflow tables distributed (8 shards), or a failure saying why."""
     with django_db_blocker.unblock():
-        if connection.vendor != "postgresql" or not db.has_citus():
+        if connection.vendor != "postgresql" or not distribution.has_citus():
             pytest.fail(
                 f"CITUS_DATABASE_URL is set, but the test database ({db.described()}) is not "
                 "a Citus coordinator: set DATABASE_URL to the coordinator and pass --reuse-db"
             )
         call_command("distribute_workflow_tables", "--shard-count", "8", verbosity=0)
-        assert db.distributed()
+        assert distribution.distributed()
         # The database is reused from run to run: start from empty tables.
         call_command("flush", interactive=False, verbosity=0)
 
@@ -97,15 +97,15 @@ def _tenants(count: int, prefix: str) -> list[str]:
 def test_each_tenant_table_has_shards_on_both_workers_all_colocated_heartbeats_stay():
     tables = [model._meta.db_table for model in TENANT_MODELS]
     for table in tables:
-        nodes = {port for _, _, port in db.shard_placements(table)}
+        nodes = {port for _, _, port in distribution.shard_placements(table)}
         assert nodes == WORKER_PORTS, (table, nodes)
-    groups = db.colocation_ids(tables)
+    groups = distribution.colocation_ids(tables)
     assert set(groups) == set(tables)
     assert len(set(groups.values())) == 1, groups
-    kinds = db.citus_tables()
+    kinds = distribution.citus_tables()
     for model in LOCAL_MODELS:
         assert model._meta.db_table not in kinds, model  # a plain table on the coordinator
-    assert not db.shard_placements(LOCAL_MODELS[0]._meta.db_table)
+    assert not distribution.shard_placements(LOCAL_MODELS[0]._meta.db_table)
 
 
 @pytest.mark.django_db
@@ -127,7 +127,7 @@ def test_w140_names_a_tenant_table_left_undistributed_until_the_command_runs():
     table = WorkflowRun._meta.db_table  # no identity column: Citus can take it back
     with connection.cursor() as cursor:
         cursor.execute("SELECT undistribute_table(%s)", [table])
-    db.forget_distribution()
+    distribution.forget_distribution()
     try:
         found = [m for m in checks.run_checks(databases=["default"]) if m.id.endswith("W140")]
         assert len(found) == 1 and table in found[0].msg, found

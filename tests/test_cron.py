@@ -30,7 +30,9 @@ from kumiko_workflows.checks import check_workflows
 from kumiko_workflows.engine.cron import schedule_id, schedule_overview
 from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, WorkflowDefinitionError
 from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.workflow.definition import CronTrigger, Workflow, registry
+from kumiko_workflows.workflow.cron import CronTrigger
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import REPO, run_events, subprocess_env, types_of
 from tests.testapp import cron_workflows as cw
 

@@ -25,9 +25,11 @@ from kumiko_workflows.exceptions import (
     RegistryNotReady,
     WorkflowDefinitionError,
 )
-from kumiko_workflows.workflow.definition import CronTrigger, Workflow, WorkflowRegistry, registry
+from kumiko_workflows.workflow.cron import CronTrigger
+from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.durations import as_delay, parse_duration, parse_instant, wake_time
 from kumiko_workflows.workflow.matching import matches, validate
+from kumiko_workflows.workflow.registry import WorkflowRegistry, registry
 from tests.conftest import REPO, run_manage, subprocess_env
 
 
@@ -739,7 +741,7 @@ FINGERPRINT_CHILD = textwrap.dedent(
     import json
     import django
     django.setup()
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     print(json.dumps({w.name: [w.fingerprint, w.step_fingerprints] for w in registry.all()}))
     """
 )

@@ -92,7 +92,7 @@ def test_the_demo_runs_as_a_real_process():
 
 @pytest.mark.django_db
 def test_the_demo_fails_loudly_when_runs_do_not_finish():
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
 
     with registry.without("order-fulfilment"), pytest.raises(CommandError) as error:
         demo("--orders", "3")

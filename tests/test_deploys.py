@@ -32,7 +32,6 @@ from kumiko_workflows import (
 from kumiko_workflows import event_types as et
 from kumiko_workflows.engine import deploys, transitions
 from kumiko_workflows.engine.worker import Worker as InProcessWorker
-from kumiko_workflows.management.commands.workflow_status import health
 from kumiko_workflows.models import (
     DeployedDefinition,
     Event,
@@ -43,8 +42,10 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
 )
 from kumiko_workflows.operations.rebuild import check
+from kumiko_workflows.operations.status import health
 from kumiko_workflows.operations.versions import version_table
-from kumiko_workflows.workflow.definition import reached, registry
+from kumiko_workflows.workflow.positions import reached
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import run_manage, trigger, types_of
 from tests.faults_support import Worker, wait_for
 from tests.testapp import workflows as w

@@ -16,7 +16,7 @@ from django.db import connection
 from kumiko_workflows import append_event
 from kumiko_workflows.models import Event
 from kumiko_workflows.operations.distribute import TENANT_MODELS
-from kumiko_workflows.store import db
+from kumiko_workflows.store import distribution
 
 KEYS = importlib.import_module("kumiko_workflows.migrations.0016_citus_tenant_keys")
 
@@ -31,7 +31,7 @@ def test_the_migration_lists_every_tenant_table_with_its_key():
 @pytest.mark.django_db
 def test_each_tenant_tables_key_leads_with_its_id_and_carries_the_tenant():
     for model in TENANT_MODELS:
-        columns = db.primary_key_columns(model._meta.db_table)
+        columns = distribution.primary_key_columns(model._meta.db_table)
         if connection.vendor == "postgresql":
             assert columns == [model._meta.pk.column, "tenant_id"], model
         else:  # SQLite keeps its rowid keys
@@ -46,11 +46,11 @@ def test_the_keys_change_both_ways_on_a_table_with_rows():
     table = Event._meta.db_table
     with connection.schema_editor() as editor:
         KEYS.keys_without_tenant(None, editor)
-    assert db.primary_key_columns(table) == ["id"]
+    assert distribution.primary_key_columns(table) == ["id"]
     with connection.schema_editor() as editor:
         KEYS.keys_with_tenant(None, editor)
         KEYS.keys_with_tenant(None, editor)  # again: nothing left to do
-    assert db.primary_key_columns(table) == ["id", "tenant_id"]
+    assert distribution.primary_key_columns(table) == ["id", "tenant_id"]
     second = append_event(stream, "thing", "t.keyed", {}, tenant_id="a")
     assert (first.version, second.version) == (1, 2)
     assert Event.objects.get(pk=first.pk).tenant_id == "a"
@@ -67,6 +67,6 @@ def test_the_command_refuses_clearly_where_there_is_no_citus():
 
 @pytest.mark.django_db
 def test_w140_is_not_reported_without_citus():
-    assert not db.distributed()
+    assert not distribution.distributed()
     found = checks.run_checks(databases=["default"])
     assert not [message for message in found if message.id == "kumiko_workflows.W140"]

@@ -31,7 +31,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows import load_stream, run_id_for
 from kumiko_workflows.conf import DEFAULTS
 from kumiko_workflows.models import WorkflowRun
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import REPO
 
 DOCS = REPO / "docs"

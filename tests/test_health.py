@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from kumiko_workflows.engine.worker import Heartbeat
+from kumiko_workflows.engine.heartbeat import Heartbeat
 from kumiko_workflows.models import WorkerHeartbeat
 from kumiko_workflows.store import db
 from kumiko_workflows.testing import virtual_clock

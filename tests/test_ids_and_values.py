@@ -35,7 +35,7 @@ from kumiko_workflows import (
     stream_id_for,
 )
 from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 
 pytestmark = pytest.mark.django_db
 

@@ -1,10 +1,11 @@
 """The package's layers, checked from its source: one-way imports, no cycle, no hidden import.
 
-Layers, lowest first: the workflow model (``workflow/``, ``steps``,
-``event_types``, with ``exceptions`` and ``conf``) touches no database;
-``store/`` (the database layer, the event store, run streams);
-``projections/``; ``engine/`` (segments, resuming, the worker, cron,
-wake-ups); ``operations/`` and the admin and commands on top. A module may
+Layers, lowest first: the workflow model (``workflow/``, with ``steps`` and
+``event_types`` its public import paths, ``exceptions`` and ``conf``)
+touches no database; ``store/`` and ``models/`` (the database layer, the
+event store, run streams); ``projections/``; ``engine/`` (segments, starts,
+resuming, the worker, cron, wake-ups); ``operations/`` and the admin
+package and commands on top. A module may
 import its own layer and those below it, never one above.
 """
 
@@ -18,9 +19,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kumiko_workflows"
 #: The layer of each module, by the first match of its dotted name's prefix.
 LAYERS = [
     ("kumiko_workflows.workflow", 0),
-    ("kumiko_workflows.steps", 0),
+    ("kumiko_workflows.steps", 0),  # the public path of workflow.steps
     ("kumiko_workflows.match", 0),  # the match builder, beside the step vocabulary
-    ("kumiko_workflows.event_types", 0),
+    ("kumiko_workflows.event_types", 0),  # the public path of workflow.event_types
     ("kumiko_workflows.exceptions", 0),
     ("kumiko_workflows.conf", 0),
     ("kumiko_workflows.signals", 0),  # the signals' definitions: what a site connects to

@@ -27,7 +27,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.store.dispatch import registry as projections
 from kumiko_workflows.workflow import durations
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.faults_support import Worker, wait_for
 
 pytestmark = pytest.mark.postgres

@@ -18,8 +18,8 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.checks import check_workflows
 from kumiko_workflows.exceptions import InvalidMatchExpression
 from kumiko_workflows.models import WorkflowRun, WorkflowRunPending, WorkflowWaitKey
-from kumiko_workflows.workflow.definition import registry
 from kumiko_workflows.workflow.matching import matches, required_keys, validate
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import run_events, trigger
 
 

@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from kumiko_workflows import append_event, cancel_run, rerun_run, resume_due_runs, run_id_for
 from kumiko_workflows import event_types as et
-from kumiko_workflows.management.commands.workflow_status import status_report
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.progress import Progress
 from kumiko_workflows.operations.rebuild import check, rebuild
+from kumiko_workflows.operations.status import status_report
 from tests.conftest import run_manage, trigger
 
 pytestmark = pytest.mark.django_db

@@ -185,9 +185,9 @@ def _lost_on_the_server() -> None:
 
 @pytest.fixture
 def warnings_once(monkeypatch, caplog):
-    from kumiko_workflows.store import db
+    from kumiko_workflows.store import cursors
 
-    monkeypatch.setattr(db, "_warned_about_pooler", False, raising=False)
+    monkeypatch.setattr(cursors, "_warned_about_pooler", False, raising=False)
     caplog.set_level("WARNING", logger="kumiko_workflows.db")
     return caplog
 

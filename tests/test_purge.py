@@ -39,7 +39,7 @@ from kumiko_workflows import (
 from kumiko_workflows import event_types as et
 from kumiko_workflows.checks import check_settings
 from kumiko_workflows.engine.cron import schedule_id
-from kumiko_workflows.engine.segment import start_run
+from kumiko_workflows.engine.starts import start_run
 from kumiko_workflows.exceptions import AppendOnlyError, InvalidArgument, RunNotFound
 from kumiko_workflows.models import (
     Event,
@@ -49,9 +49,10 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
     WorkflowWaitKey,
 )
-from kumiko_workflows.operations.purge import Archive, ArchiveError, purge_runs, read_archive
+from kumiko_workflows.operations.archive import Archive, ArchiveError, read_archive
+from kumiko_workflows.operations.purge import purge_runs
 from kumiko_workflows.operations.rebuild import check as rebuild_check
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import REPO, subprocess_env, trigger
 from tests.faults_support import Worker, wait_for
 from tests.testapp import cron_workflows as cw
@@ -252,8 +253,8 @@ def test_only_the_purge_deletes_events():
         for path in package.rglob("*.py")
         if "delete_run_streams(" in path.read_text()
     )
-    assert callers == ["operations/purge.py", "store/db.py"]
-    assert "def delete_run_streams(" in (package / "store" / "db.py").read_text()
+    assert callers == ["operations/purge.py", "store/statements.py"]
+    assert "def delete_run_streams(" in (package / "store" / "statements.py").read_text()
 
 
 # --- runs asked for by id -----------------------------------------------------------

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from kumiko_workflows.operations.purge import ArchiveError, purge_runs
+from kumiko_workflows.operations.archive import ArchiveError
+from kumiko_workflows.operations.purge import purge_runs
 from tests.conftest import REPO, subprocess_env
 from tests.test_purge import counts, start
 

@@ -20,12 +20,13 @@ from django.db import connections
 from kumiko_workflows import event_types as et
 from kumiko_workflows import run_id_for
 from kumiko_workflows.engine import deploys
-from kumiko_workflows.engine.cron import next_slot, schedule_overview
+from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.engine.rehearsal import NOT_ROLLED_BACK
 from kumiko_workflows.models import DeployedDefinition
 from kumiko_workflows.store import db
 from kumiko_workflows.workflow import clock
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.cron import next_slot
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import trigger, types_of
 from tests.testapp import cron_workflows as cw
 

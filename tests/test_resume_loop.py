@@ -87,7 +87,7 @@ def test_changed_definition_fails_loudly_before_any_claim(past):
 
 def test_changed_definition_names_the_changed_step(past):
     from kumiko_workflows import define_workflow, on_event, steps
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     from tests.testapp import workflows as w
 
     event = trigger("t.wait", **{"for": past})
@@ -116,7 +116,7 @@ def test_changed_definition_names_the_changed_step(past):
 
 
 def test_unregistered_workflow_fails_the_same_way(past):
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
 
     event = trigger("t.wait", **{"for": past})
     run_id = run_id_for("t-wait", event.payload["run_key"])
@@ -379,7 +379,7 @@ def test_rerun_run_reruns_a_failed_run_from_where_its_attempt_began(now):
     with pytest.raises(RunNotRerunnable, match="changed"):
         # The run's own fingerprint is fine: only the pending row was tampered.
         # So make the registry differ to see the refusal first.
-        from kumiko_workflows.workflow.definition import registry
+        from kumiko_workflows.workflow.registry import registry
 
         with registry.without("t-retry"):
             rerun_run(run_id)
@@ -456,7 +456,7 @@ def _ping(**payload):
 
 def test_a_second_wait_for_the_same_type_needs_a_new_event():
     from kumiko_workflows.models import Event
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
 
     workflow = _ping_twice()
     with registry.override(workflow):
@@ -527,7 +527,7 @@ def test_a_resume_never_loads_another_tenants_event():
 def test_the_tables_rebuild_from_the_run_streams_alone_whatever_is_registered():
     """Invariant 1 does not depend on today's definitions: a removed workflow rebuilds too."""
     from kumiko_workflows.operations.rebuild import check
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
 
     _verification("u1")
     woken = _verification("u2")
@@ -545,7 +545,7 @@ def test_a_failing_run_in_a_batch_leaves_the_others_resumed_exactly_once(past):
     """Each run has its own savepoint: the failure is recorded alone, the others commit."""
     from kumiko_workflows import define_workflow, on_event, steps
     from kumiko_workflows.models import Event
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     from tests.testapp import workflows as w
 
     fails_after_wait = define_workflow(

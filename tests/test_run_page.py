@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from kumiko_workflows import cancel_run, define_workflow, on_event, resume_due_runs, steps, wake_run
 from kumiko_workflows.models import WorkflowRun
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.test_admin import change_url, root, start  # noqa: F401 (root: a fixture)
 from tests.testapp import workflows as w
 

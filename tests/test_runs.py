@@ -22,7 +22,7 @@ from kumiko_workflows import (
 )
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import run_events, trigger, types_of
 from tests.testapp.workflows import payload_value, run_key
 

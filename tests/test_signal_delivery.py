@@ -24,11 +24,11 @@ from django.utils import timezone
 
 from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, signals, steps
 from kumiko_workflows import event_types as et
+from kumiko_workflows.engine import heartbeat as heartbeat_module
 from kumiko_workflows.engine import transitions
-from kumiko_workflows.engine import worker as worker_module
 from kumiko_workflows.engine.worker import Worker
 from kumiko_workflows.models import Event, SignalDelivery, WorkerHeartbeat, WorkflowRun
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import trigger
 from tests.faults_support import Worker as WorkerProcess
 from tests.faults_support import wait_for
@@ -185,8 +185,8 @@ def test_slow_receivers_do_not_stop_the_workers_heartbeat(past, monkeypatch):
     """Each receiver takes 6 s (on the worker's clock), more than HEARTBEAT_SECONDS: the
     heartbeat is written between them, not only when the pass began."""
     clock = [1000.0]
-    monkeypatch.setattr(worker_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
-    assert worker_module.HEARTBEAT_SECONDS < 6
+    monkeypatch.setattr(heartbeat_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    assert heartbeat_module.HEARTBEAT_SECONDS < 6
     for _ in range(3):
         _due_run(past)
     table = WorkerHeartbeat._meta.db_table

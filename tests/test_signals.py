@@ -21,7 +21,7 @@ from kumiko_workflows import (
     signals,
     steps,
 )
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import trigger, types_of
 from tests.test_runs import workflow
 from tests.testapp.workflows import payload_value

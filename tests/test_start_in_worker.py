@@ -18,7 +18,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.models import WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import explain
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import trigger, types_of
 from tests.testapp import workflows as w
 

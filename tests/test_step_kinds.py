@@ -11,7 +11,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import WorkflowDefinitionError
 from kumiko_workflows.models import WorkflowRun, WorkflowRunPending
 from kumiko_workflows.steps import Step
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.suspensions import RECORDS
 from tests.conftest import trigger, types_of
 from tests.step_kinds import nap_until
@@ -95,5 +95,8 @@ def test_every_suspension_record_agrees_with_the_models_choices():
     assert {r.event_type for r in RECORDS} == set(et.SUSPENSIONS)
     assert RunStatus.WAITING == "waiting"
     # Every built-in suspending kind resumes from a record that exists.
-    kinds = {cls for cls in Step.__subclasses__() if cls.__module__ == "kumiko_workflows.steps"}
+    kinds = {
+        cls for cls in Step.__subclasses__() if cls.__module__ == "kumiko_workflows.workflow.steps"
+    }
+    assert {cls.kind for cls in kinds} >= {"wait", "wait_for_event", "retry"}
     assert {t for cls in kinds for t in cls.resumes_from} <= set(SuspensionType.values)

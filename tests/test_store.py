@@ -23,6 +23,7 @@ from django.db.models.signals import post_save, pre_save
 from kumiko_workflows import VersionConflict, append_event, load_stream
 from kumiko_workflows.exceptions import AppendOnlyError, InvalidEvent
 from kumiko_workflows.models import Event
+from kumiko_workflows.store import event_checks
 from kumiko_workflows.store import events as store
 from kumiko_workflows.store.dispatch import registry as projections
 from tests.conftest import REPO, subprocess_env
@@ -379,13 +380,13 @@ def test_a_model_whose_fields_moved_stops_appends_loudly(monkeypatch):
 
 
 def test_the_names_remembered_as_valid_stay_bounded(monkeypatch):
-    monkeypatch.setattr(store, "_VALID_NAMES_LIMIT", 4)
-    store._valid_names.clear()
+    monkeypatch.setattr(event_checks, "_VALID_NAMES_LIMIT", 4)
+    event_checks._valid_names.clear()
 
     for n in range(10):
         append(new_stream(), f"t.bounded-{n}")
 
-    assert 0 < len(store._valid_names) <= 4
+    assert 0 < len(event_checks._valid_names) <= 4
 
 
 def test_payload_over_the_size_limit_is_refused(settings):

@@ -32,12 +32,12 @@ from kumiko_workflows import (
 )
 from kumiko_workflows import event_types as et
 from kumiko_workflows.engine.cron import schedule_id, schedule_overview
-from kumiko_workflows.engine.segment import RunStream
 from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.operations.rebuild import check
-from kumiko_workflows.store.events import engine_stream
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.store.stream_ids import engine_stream
+from kumiko_workflows.store.streams import RunStream
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import trigger, types_of
 from tests.testapp import cron_workflows as cw
 

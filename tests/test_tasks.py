@@ -24,7 +24,7 @@ from django.utils import timezone
 from kumiko_workflows import resume_due_runs
 from kumiko_workflows.models import Event, TaskAttempt, WorkflowRun
 from kumiko_workflows.tasks import WorkflowTaskBackend, compat, periodic
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import run_manage, run_python
 from tests.testapp import tasks
 

@@ -33,7 +33,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.engine.cron import fire_due_schedules
 from kumiko_workflows.engine.worker import Worker
 from kumiko_workflows.models import Event, WorkflowRunPending
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import run_python, trigger, types_of
 from tests.test_docs import DOCS, python_blocks
 from tests.testapp import cron_workflows as cw

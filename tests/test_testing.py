@@ -18,7 +18,7 @@ from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.testing import VirtualClockError, virtual_clock
 from kumiko_workflows.workflow import clock
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 from tests.test_runs import workflow
 from tests.testapp.cron_workflows import hourly_berlin, nightly_berlin
 

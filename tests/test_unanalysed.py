@@ -31,7 +31,7 @@ from kumiko_bench.scratch import ScratchDatabase
 from kumiko_workflows import append_event, run_id_for
 from kumiko_workflows.engine import wakeups
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
-from kumiko_workflows.store import db
+from kumiko_workflows.store import claims
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -221,8 +221,8 @@ def _claim() -> None:
     """The worker's claim when nothing is due (the waits time out in 7 days; woken rows
     are due from their wake-up on)."""
     earlier = timezone.now() - timedelta(hours=1)
-    assert db.claim_due(TENANT, earlier, {1, 2}) is None
-    assert db.claim_due(TENANT, earlier, set()) is None
+    assert claims.claim_due(TENANT, earlier, {1, 2}) is None
+    assert claims.claim_due(TENANT, earlier, set()) is None
 
 
 def _measure(actions: dict[str, Callable[[], None]]) -> dict[str, int]:

@@ -29,7 +29,6 @@ from kumiko_workflows import (
 )
 from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import WorkflowDefinitionError
-from kumiko_workflows.management.commands.workflow_status import status_report
 from kumiko_workflows.models import (
     Event,
     RunStatus,
@@ -39,9 +38,11 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.operations.explain import timeline
 from kumiko_workflows.operations.rebuild import check
+from kumiko_workflows.operations.status import status_report
 from kumiko_workflows.operations.versions import version_table
-from kumiko_workflows.store.events import engine_stream
-from kumiko_workflows.workflow.definition import MAX_VERSION, registry
+from kumiko_workflows.store.stream_ids import engine_stream
+from kumiko_workflows.workflow.definition import MAX_VERSION
+from kumiko_workflows.workflow.registry import registry
 from tests.conftest import run_events, trigger, types_of
 from tests.testapp import workflows as w
 

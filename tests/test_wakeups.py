@@ -168,7 +168,7 @@ def test_an_event_wakes_every_run_waiting_on_its_key_batch_after_batch(monkeypat
 
 @pytest.mark.django_db
 def test_a_scanned_wait_is_still_woken():
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
 
     # t-event's match is keyed; give one run a match with no equality by
     # resuming a pending row whose stored match requires none.
@@ -267,7 +267,7 @@ def _second_approval(ctx):
 @pytest.mark.django_db
 def test_a_second_wait_takes_an_earlier_event_the_first_wait_did_not_take():
     from kumiko_workflows import define_workflow, on_event, steps
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     from tests.testapp import workflows as w
 
     two_approvals = define_workflow(

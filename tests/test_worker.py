@@ -211,7 +211,7 @@ def test_four_workers_race_one_is_killed_and_every_run_resumes_exactly_once(past
 def test_a_broken_cron_setting_is_loud_but_does_not_stop_resuming(past, settings):
     from django.core.management import CommandError, call_command
 
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
     from tests.testapp import cron_workflows as cw
 
     event = trigger("t.wait", **{"for": past})

@@ -13,20 +13,17 @@ until it is resumed, and the slots it missed never do), resume it
 (``workflow.schedule.resumed``), or fire it now, outside its slots
 (``workflow.schedule.fired-now``, the trigger of one run keyed by the
 caller's key). Each is an event on the schedule stream at its next version,
-so it races the scheduler like any other writer.
+so it races the scheduler like any other writer
+(:mod:`kumiko_workflows.engine.schedule_controls`).
 
-Slots are wall-clock times in the schedule's time zone. They are enumerated
-on naive local time (so each wall time exists once) and then placed on the
-time line: a wall time in a skipped hour fires at the end of the gap, a wall
-time in a repeated hour fires once, at its first occurrence after the last
-fired slot. (croniter itself fires a repeated wall time twice.)
+Slots are wall-clock times in the schedule's time zone; their arithmetic
+(the time line, gaps and folds) is :mod:`kumiko_workflows.workflow.cron`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,29 +31,27 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, InterfaceError, OperationalError
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import import_callable, workflow_settings
-from kumiko_workflows.engine.resume import check_by
-from kumiko_workflows.engine.segment import start_run
-from kumiko_workflows.exceptions import InvalidArgument, ScheduleError, VersionConflict
-from kumiko_workflows.models import Event, WorkflowRun
+from kumiko_workflows.engine.starts import start_run
+from kumiko_workflows.exceptions import ScheduleError, VersionConflict
+from kumiko_workflows.models import Event
 from kumiko_workflows.store import db
-from kumiko_workflows.store.events import (
-    append_event,
-    engine_stream,
-    joins_callers_transaction,
-    name_problem,
-)
+from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.store.events import append_event
+from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.workflow import clock
-from kumiko_workflows.workflow.definition import (
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.cron import (
     CronTrigger,
-    Workflow,
+    _wall,
+    _walls_before,
     cron_problem,
-    registry,
-    run_id_for,
+    next_slot,
+    slots_between,
 )
-from kumiko_workflows.workflow.jsonvalues import text_problem
+from kumiko_workflows.workflow.definition import Workflow, run_id_for
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.cron")
 
@@ -74,7 +69,7 @@ _STATE_EVENTS = (
 _ATTEMPTS = 3
 
 
-# --- the time line ------------------------------------------------------------
+# --- now ----------------------------------------------------------------------
 
 
 def _aware(now: datetime | None) -> datetime:
@@ -85,82 +80,6 @@ def _aware(now: datetime | None) -> datetime:
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError(f"now must be an aware datetime, got the naive {now.isoformat()}")
     return now.astimezone(UTC)
-
-
-def _wall(instant: datetime, trigger: CronTrigger) -> datetime:
-    """The naive local wall time of ``instant`` in the schedule's zone."""
-    return instant.astimezone(trigger.zone).replace(tzinfo=None)
-
-
-def _place(wall: datetime, trigger: CronTrigger, after: datetime) -> datetime:
-    """The UTC instant a slot at local ``wall`` fires, given the last slot was ``after``.
-
-    A wall time that does not exist (the spring gap) fires when the gap ends;
-    one that exists twice (the autumn fold) fires at its first occurrence
-    later than ``after``.
-    """
-    zone = trigger.zone
-    first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
-    second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
-    if _wall(first, trigger) != wall:
-        # In a gap PEP 495 gives two instants around the transition: fold=1
-        # (the later offset) is before it, fold=0 after it. Find the first
-        # second whose wall time has reached ``wall``: the end of the gap.
-        low, high = int(min(first, second).timestamp()), int(max(first, second).timestamp())
-        while high - low > 1:
-            middle = (low + high) // 2
-            if _wall(datetime.fromtimestamp(middle, UTC), trigger) >= wall:
-                high = middle
-            else:
-                low = middle
-        return datetime.fromtimestamp(high, UTC)
-    if first != second and first <= after:
-        return second
-    return first
-
-
-def _walls(trigger: CronTrigger, start: datetime) -> Iterator[datetime]:
-    """Naive wall times of the expression's slots strictly after naive ``start``."""
-    from croniter import croniter
-
-    cron = croniter(trigger.expression, start)
-    while True:
-        yield cron.get_next(datetime)
-
-
-def _walls_before(trigger: CronTrigger, start: datetime, count: int) -> datetime:
-    """The wall time ``count`` slots before naive ``start`` (``start`` itself for 0)."""
-    from croniter import croniter
-
-    cron = croniter(trigger.expression, start)
-    wall = start
-    for _ in range(count):
-        wall = cron.get_prev(datetime)
-    return wall
-
-
-def slots_between(
-    trigger: CronTrigger, after: datetime, until: datetime, *, start_wall: datetime | None = None
-) -> Iterator[datetime]:
-    """UTC instants of the slots in ``(after, until]``, in order, each instant once."""
-    last = after
-    wall_after = _wall(after, trigger)
-    for wall in _walls(trigger, max(wall_after, start_wall) if start_wall else wall_after):
-        instant = _place(wall, trigger, after)
-        if instant > until:
-            return
-        if instant > last:  # several skipped wall times share the end of their gap
-            last = instant
-            yield instant
-
-
-def next_slot(trigger: CronTrigger, after: datetime) -> datetime:
-    """The first slot strictly after ``after`` (UTC)."""
-    for wall in _walls(trigger, _wall(after, trigger)):
-        instant = _place(wall, trigger, after)
-        if instant > after:
-            return instant
-    raise AssertionError("unreachable")  # pragma: no cover - the iterator is endless
 
 
 # --- schedules ------------------------------------------------------------------
@@ -523,137 +442,3 @@ def _overview_row(
         logger.exception("workflow=%s tenant=%s schedule cannot be shown", workflow.name, tenant)
         row["problem"] = f"{type(exc).__name__}: {exc}"
     return row
-
-
-# --- pausing, resuming and firing now --------------------------------------------
-
-
-def _schedule(workflow_name: str, tenant_id: str | None) -> Schedule:
-    """The schedule of a registered cron workflow in one of the cron tenants."""
-    workflow = registry.get(workflow_name) if isinstance(workflow_name, str) else None
-    if workflow is None or not isinstance(workflow.trigger, CronTrigger):
-        raise InvalidArgument(f"{workflow_name!r} is not a registered cron workflow")
-    tenant = workflow_settings.DEFAULT_TENANT if tenant_id is None else tenant_id
-    if tenant not in cron_tenants():
-        raise InvalidArgument(
-            f"tenant {tenant!r} has no cron schedules (KUMIKO_WORKFLOWS['CRON_TENANTS'])"
-        )
-    return Schedule.load(workflow, tenant)
-
-
-def _set_paused(
-    workflow_name: str, tenant_id: str | None, paused: bool, by: str, now: datetime | None
-) -> bool:
-    check_by(by)
-    by = by or ""
-    moment = _aware(now)
-    joins_callers_transaction("pause_schedule" if paused else "resume_schedule")
-    for _ in range(_ATTEMPTS):
-        schedule = _schedule(workflow_name, tenant_id)
-        if schedule.paused == paused:
-            return False
-        type, at = (
-            (et.SCHEDULE_PAUSED, "paused_at") if paused else (et.SCHEDULE_RESUMED, "resumed_at")
-        )
-        try:
-            with db.atomic():
-                schedule.append(type, {at: moment.isoformat(), "by": by})
-        except VersionConflict:
-            continue  # a slot fired meanwhile: look again
-        logger.info(
-            "workflow=%s tenant=%s cron schedule %s by %s",
-            workflow_name,
-            schedule.tenant_id,
-            "paused" if paused else "resumed",
-            by or "-",
-        )
-        return True
-    raise ScheduleError(f"workflow {workflow_name!r}: the schedule kept moving; try again")
-
-
-def pause_schedule(
-    workflow_name: str, tenant_id: str | None = None, *, by: str = "", now: datetime | None = None
-) -> bool:
-    """Pause a cron workflow's schedule in one tenant: no slot fires until it is resumed.
-
-    Slots that pass while it is paused never fire, whatever its catch-up
-    policy. Returns False if it was paused already. ``by`` says who, in the
-    event. Raises :class:`InvalidArgument` for a name that is not a
-    registered cron workflow, a tenant not among ``CRON_TENANTS`` or a
-    ``by`` the event store would refuse (as ``cancel_run`` does).
-    """
-    return _set_paused(workflow_name, tenant_id, True, by, now)
-
-
-def resume_schedule(
-    workflow_name: str, tenant_id: str | None = None, *, by: str = "", now: datetime | None = None
-) -> bool:
-    """Resume a paused schedule: slots after ``now`` fire again. False if it was not paused."""
-    return _set_paused(workflow_name, tenant_id, False, by, now)
-
-
-class _AlreadyFired(Exception):
-    """The run of a fire-now key exists: take back the event that would fire it again."""
-
-
-def fire_schedule_now(
-    workflow_name: str,
-    tenant_id: str | None = None,
-    *,
-    key: str | None = None,
-    by: str = "",
-    now: datetime | None = None,
-) -> uuid.UUID | None:
-    """Start one run of a cron workflow now, outside its slots; return its run id.
-
-    The run's idempotency key is ``"now:" + key`` (default: a new random
-    key), so a second call with the same key, a form posted twice, starts
-    nothing and returns None. It fires a paused schedule too, and moves
-    neither its last slot nor its next. ``ctx.event`` is the
-    ``workflow.schedule.fired-now`` event: its ``slot`` is the instant it
-    fired, ``by`` who fired it.
-    """
-    check_by(by)
-    by = by or ""
-    moment = _aware(now)
-    if key is not None and (
-        not isinstance(key, str) or not 0 < len(key) <= 100 or text_problem(key, controls=False)
-    ):
-        raise InvalidArgument(
-            f"fire_schedule_now key must be 1-100 characters of text, got {key!r}"
-        )
-    joins_callers_transaction("fire_schedule_now")
-    run_key = f"now:{uuid.uuid4().hex if key is None else key}"
-    schedule = _schedule(workflow_name, tenant_id)
-    run_id = run_id_for(workflow_name, run_key, schedule.tenant_id)
-    for _ in range(_ATTEMPTS):
-        if WorkflowRun.objects.filter(tenant_id=schedule.tenant_id, run_id=run_id).exists():
-            return None
-        try:
-            with db.atomic():
-                event = schedule.append(
-                    et.SCHEDULE_FIRED_NOW,
-                    {
-                        "slot": moment.isoformat(),
-                        "slot_local": moment.astimezone(schedule.trigger.zone).isoformat(),
-                        "fired_at": moment.isoformat(),
-                        "idempotency_key": run_key,
-                        "by": by,
-                    },
-                )
-                if start_run(schedule.workflow, event, now=moment) is None:
-                    raise _AlreadyFired
-        except _AlreadyFired:
-            return None
-        except VersionConflict:
-            schedule = _schedule(workflow_name, schedule.tenant_id)
-            continue
-        logger.info(
-            "workflow=%s tenant=%s fired now by %s: run=%s",
-            workflow_name,
-            schedule.tenant_id,
-            by or "-",
-            run_id,
-        )
-        return run_id
-    raise ScheduleError(f"workflow {workflow_name!r}: the schedule kept moving; try again")

@@ -37,11 +37,12 @@ from django.db import DatabaseError
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import RegistryNotReady
 from kumiko_workflows.models import DeployedDefinition, Event, WorkflowRunPending
-from kumiko_workflows.store import db
-from kumiko_workflows.workflow.definition import Workflow, registry
+from kumiko_workflows.store import db, statements
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.deploys")
 
@@ -96,7 +97,7 @@ def register_code(*, force: bool = False) -> bool:
     rows = [(w.fingerprint, w.name, w.version, w.step_fingerprints) for w in missing]
     try:
         with db.atomic():
-            db.register_definitions(rows, process_name())
+            statements.register_definitions(rows, process_name())
     except DatabaseError as exc:
         if db.connection_broken():
             raise

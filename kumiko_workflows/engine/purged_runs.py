@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import VersionConflict
 from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.store import db
-from kumiko_workflows.workflow.definition import CronTrigger, registry
+from kumiko_workflows.store import statements
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.cron import CronTrigger
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.purge")
 
@@ -59,7 +60,7 @@ def refuse_purged_runs(event: Event, replaying: bool) -> None:
         payload = event.payload
         if not keeps_key(str(payload.get("workflow_name", "")), payload.get("workflow_version")):
             return
-        if db.is_purged(event.tenant_id, event.aggregate_id):
+        if statements.is_purged(event.tenant_id, event.aggregate_id):
             logger.info(
                 "workflow=%s tenant=%s run=%s was purged; its idempotency key stays used",
                 event.payload.get("workflow_name"),

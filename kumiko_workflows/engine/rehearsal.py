@@ -28,10 +28,10 @@ from typing import Any, Generic, TypeVar
 
 from django.db.models.signals import post_save
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.engine.deploys import not_registering_on_connect
 from kumiko_workflows.models import Event
 from kumiko_workflows.store import db
+from kumiko_workflows.workflow import event_types as et
 
 T = TypeVar("T")
 

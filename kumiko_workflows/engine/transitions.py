@@ -38,14 +38,15 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows import signals
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import deploys
 from kumiko_workflows.models import Event, SignalDelivery, WorkflowRun
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, statements
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
-from kumiko_workflows.workflow.definition import Workflow, registry
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.signals")
 
@@ -215,7 +216,7 @@ def announce(event: Event, replaying: bool) -> None:
     Never on a replay. The common case, no receiver, costs one lookup; a
     listened-to transition costs one INSERT in its transaction and one
     DELETE after the receivers ran (which waits for no disk flush: see
-    :func:`~kumiko_workflows.store.db.delete_signal_delivery`).
+    :func:`~kumiko_workflows.store.statements.delete_signal_delivery`).
     """
     if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE:
         return
@@ -225,7 +226,7 @@ def announce(event: Event, replaying: bool) -> None:
     sender = sender_of(event)
     if not signal.has_listeners(sender):
         return
-    db.add_signal_delivery(event.id, event.tenant_id, owner())
+    statements.add_signal_delivery(event.id, event.tenant_id, owner())
     db.on_commit(lambda: _deliver(event, sender), robust=True)
 
 
@@ -257,7 +258,7 @@ def _deliver(event: Event, sender: Workflow | None) -> None:
                 type(exc).__name__,
                 exc_info=exc,
             )
-    db.delete_signal_delivery(event.tenant_id, event.id)
+    statements.delete_signal_delivery(event.tenant_id, event.id)
 
 
 def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
@@ -310,7 +311,7 @@ def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
         event = found.get(pk)
         if event is None or event.type not in SIGNALS:
             logger.warning("the signal of event #%s is not delivered: the event is gone", pk)
-            db.delete_signal_delivery(tenant_of[pk], pk)
+            statements.delete_signal_delivery(tenant_of[pk], pk)
             continue
         logger.info("delivering the signal of event #%s again (%s)", pk, event.type)
         _deliver(event, sender_of(event))

@@ -18,14 +18,15 @@ from typing import Any
 
 from django.db.models import Q
 
-from kumiko_workflows import event_types as et
-from kumiko_workflows.engine.resume import check_by, check_name
+from kumiko_workflows.engine.run_controls import check_by, check_name
 from kumiko_workflows.exceptions import InvalidArgument, MigrationRefused
 from kumiko_workflows.models import WorkflowRunPending
 from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import RunStream
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
-from kumiko_workflows.workflow.definition import Workflow, registry
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger("kumiko_workflows.versions")
 

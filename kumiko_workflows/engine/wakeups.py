@@ -28,11 +28,11 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.exceptions import InvalidEvent, InvalidMatchExpression, VersionConflict
 from kumiko_workflows.models import Event, SuspensionType, WakeCheck, WorkflowRunPending
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching
 
 logger = logging.getLogger("kumiko_workflows.wakeups")
@@ -96,7 +96,7 @@ def look_back(
         return None  # the match requires one of no values: nothing can match
     candidates: Iterable[Event]
     if keys is not None and db.has_payload_containment():
-        candidates = db.keyed_events(
+        candidates = statements.keyed_events(
             tenant_id,
             event_type,
             after_id,
@@ -214,7 +214,7 @@ def _fail_invalid_match(row: WorkflowRunPending, exc: Exception) -> None:
 
 def _candidates(event: Event) -> list[Any]:
     """Querysets of the rows ``event`` may wake: stored under a key it offers, or scanned."""
-    paths = db.wait_paths(event.tenant_id, event.type)
+    paths = statements.wait_paths(event.tenant_id, event.type)
     keys = matching.offered_keys(event.payload, paths)
     return WorkflowRunPending.objects.candidates(event.tenant_id, event.type, keys)
 

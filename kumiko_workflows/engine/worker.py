@@ -19,47 +19,33 @@ import logging
 import os
 import select
 import signal
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import FrameType
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: no lock (nor signals, nor select)
-    fcntl = None  # type: ignore[assignment]
-
-from django.db import DatabaseError, InterfaceError, close_old_connections
+from django.db import close_old_connections
 from django.db.models import Min
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import deploys, transitions
 from kumiko_workflows.engine.cron import fire_due_schedules
+from kumiko_workflows.engine.heartbeat import Heartbeat
 from kumiko_workflows.engine.rehearsal import Rehearsal, rehearse
 from kumiko_workflows.engine.resume import ResumeReport, resume_due_runs
-from kumiko_workflows.exceptions import WorkerAlreadyRunning
-from kumiko_workflows.models import WorkerHeartbeat, WorkflowRunPending
+from kumiko_workflows.engine.worker_lock import exclusive
+from kumiko_workflows.models import WorkflowRunPending
 from kumiko_workflows.store import db
+from kumiko_workflows.store.db import CONNECTION_ERRORS
 
 logger = logging.getLogger("kumiko_workflows.worker")
 
-#: Errors that mean "the database is unreachable or the connection broke".
-CONNECTION_ERRORS = (DatabaseError, InterfaceError)
 _MAX_BACKOFF = 30.0
-#: Seconds between two heartbeats of one worker, at least.
-HEARTBEAT_SECONDS = 5.0
-#: Heartbeats older than this are deleted when a worker writes its first one:
-#: one-shot passes (from cron) leave theirs, and a killed worker cannot delete its own.
-HEARTBEAT_KEPT = timedelta(days=1)
-
 
 @dataclass
 class PassResult:
@@ -84,71 +70,6 @@ class PassResult:
 
     def __str__(self) -> str:
         return f"{self.report} fired={self.fired}"
-
-
-#: The lock file beside a SQLite database: ``<database file>`` + this.
-LOCK_SUFFIX = ".kumiko-worker.lock"
-
-
-class WorkerLock:
-    """An exclusive OS lock (``flock``) on ``path``, naming the holder's pid.
-
-    The kernel drops the lock when its holder exits, however it exits, so a
-    killed worker leaves no stale lock: the file stays, and only the lock on
-    it counts (the file is never deleted, which would let two processes lock
-    two files of one name).
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock, or raise :class:`WorkerAlreadyRunning` naming the holder."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            database = self.path.removesuffix(LOCK_SUFFIX)
-            raise WorkerAlreadyRunning(
-                f"another resume worker (pid {holder}) is running on the SQLite database "
-                f"{database}; SQLite allows one at a time: stop it first, or use PostgreSQL "
-                "for several workers"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)  # no pid of a worker that is gone
-            os.close(self.fd)  # (which drops the lock)
-            self.fd = None
-
-
-@contextmanager
-def exclusive() -> Iterator[None]:
-    """Hold the SQLite database's worker lock for the block (nothing where writers overlap)."""
-    path = None if db.overlapping_writers() or fcntl is None else db.database_file()
-    if path is None:
-        yield
-        return
-    lock = WorkerLock(path + LOCK_SUFFIX)
-    try:
-        lock.acquire()
-    except FileNotFoundError:
-        pass  # no folder, so no database either: its own error says so, on first use
-    except PermissionError as exc:
-        logger.warning("cannot lock %s (%s); not checking for another worker", lock.path, exc)
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 class Listener:
@@ -197,89 +118,6 @@ class Listener:
             except Exception:  # pragma: no cover - closing a broken connection
                 pass
             self.conn = None
-
-
-class Heartbeat:
-    """The worker's row of :class:`~kumiko_workflows.models.WorkerHeartbeat`.
-
-    Written at the start of a pass and between signal deliveries (see
-    :meth:`Worker._beat`), at most every :data:`HEARTBEAT_SECONDS`:
-    one UPDATE of the worker's own row (an INSERT the first time). Its
-    instants are the database's clock (``Now()`` in the statement), neither
-    the engine's (a test's virtual time) nor this process's: they are
-    judged against that clock by another process (``workflow_status
-    --check``), and a worker whose own clock is off would otherwise look
-    dead while it runs, or alive long after it died. A heartbeat that
-    cannot be written (the table not migrated yet) is logged once and never
-    stops the worker; a broken connection is raised like any other, so the
-    worker backs off.
-    """
-
-    def __init__(self, tenants: Sequence[str], loop: bool) -> None:
-        self.hostname = socket.gethostname()[:255]
-        self.name = deploys.process_name()  # as the definitions it registers name it
-        self.tenants = list(tenants)
-        self.loop = loop
-        self._pk: int | None = None
-        self._last: float | None = None
-        self._warned = False
-        self._left: list[dict[str, Any]] = []
-
-    def beat(self) -> None:
-        if self._last is not None and time.monotonic() - self._last < HEARTBEAT_SECONDS:
-            return
-        self._last = time.monotonic()
-        try:
-            self._write()
-        except CONNECTION_ERRORS as exc:
-            if db.connection_broken():
-                raise
-            if not self._warned:
-                self._warned = True
-                logger.warning(
-                    "the worker's heartbeat could not be written (%s: %s); "
-                    "is the kumiko_workflows migration applied?",
-                    type(exc).__name__,
-                    str(exc).strip().splitlines()[0] if str(exc) else "",
-                )
-
-    def _write(self) -> None:
-        # In a block of its own: a refused statement never spoils a caller's transaction.
-        with db.atomic():
-            rows = WorkerHeartbeat.objects.filter(pk=self._pk) if self._pk is not None else None
-            if rows is not None and rows.update(seen_at=Now()):
-                return
-            WorkerHeartbeat.objects.filter(seen_at__lt=Now() - HEARTBEAT_KEPT).delete()
-            row, _ = WorkerHeartbeat.objects.update_or_create(
-                name=self.name,
-                defaults={
-                    "hostname": self.hostname,
-                    "pid": os.getpid(),
-                    "tenants": self.tenants,
-                    "loop": self.loop,
-                    "started_at": Now(),
-                    "seen_at": Now(),
-                },
-            )
-        self._pk = row.pk
-
-    def note_left(self, entries: list[dict[str, Any]]) -> None:
-        """Say in the row which newer definitions this worker left runs of (once each)."""
-        if self._pk is None or entries == self._left:
-            return
-        with db.atomic():
-            WorkerHeartbeat.objects.filter(pk=self._pk).update(left_code=entries)
-        self._left = list(entries)
-
-    def stop(self) -> None:
-        """Delete the row: the worker stopped on purpose (best effort)."""
-        if self._pk is None:
-            return
-        try:
-            WorkerHeartbeat.objects.filter(pk=self._pk).delete()
-        except CONNECTION_ERRORS:
-            logger.warning("the worker's heartbeat could not be deleted; it goes stale")
-        self._pk = None
 
 
 class Worker:

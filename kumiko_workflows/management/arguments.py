@@ -8,7 +8,7 @@ from datetime import datetime
 
 from django.core.management.base import CommandError
 
-from kumiko_workflows.store.events import name_problem
+from kumiko_workflows.store.event_checks import name_problem
 from kumiko_workflows.workflow import clock
 
 

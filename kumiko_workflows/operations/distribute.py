@@ -29,7 +29,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
     WorkflowWaitKey,
 )
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, distribution
 
 #: The column every tenant table is distributed by.
 DISTRIBUTION_COLUMN = "tenant_id"
@@ -72,7 +72,7 @@ class TableLayout:
 
 def layout() -> list[TableLayout]:
     """Each engine table's wanted and current kind (Citus must be installed)."""
-    kinds = db.citus_tables()
+    kinds = distribution.citus_tables()
     rows = [
         TableLayout(m._meta.db_table, "distributed", kinds.get(m._meta.db_table, "plain"))
         for m in TENANT_MODELS
@@ -89,7 +89,7 @@ def citus_problem() -> str | None:
     conn = db.engine()
     if conn.vendor != "postgresql":
         return f"the engine's database ({db.described()}) is not PostgreSQL"
-    if not db.has_citus():
+    if not distribution.has_citus():
         return (
             f"the engine's database ({db.described()}) has no citus extension: connect to a "
             "Citus coordinator (CREATE EXTENSION citus there)"
@@ -129,7 +129,7 @@ def distribute(
         raise NotDistributable("distribute the workflow tables outside a transaction")
     for model in TENANT_MODELS:
         table = model._meta.db_table
-        if DISTRIBUTION_COLUMN not in db.primary_key_columns(table):
+        if DISTRIBUTION_COLUMN not in distribution.primary_key_columns(table):
             raise NotDistributable(
                 f"the primary key of {table} lacks {DISTRIBUTION_COLUMN}: run "
                 "`manage.py migrate kumiko_workflows` first"
@@ -147,8 +147,8 @@ def distribute(
                 "(undistribute_table) and run this again"
             )
         else:
-            moving = db.table_has_rows(row.table) if online is None else online
-            db.distribute_table(
+            moving = distribution.table_has_rows(row.table) if online is None else online
+            distribution.distribute_table(
                 row.table,
                 DISTRIBUTION_COLUMN,
                 colocate_with="default" if row.table == anchor else anchor,
@@ -159,5 +159,5 @@ def distribute(
             row.action = "distributed online" if moving else "distributed"
         if progress is not None:
             progress(row)
-    db.forget_distribution()
+    distribution.forget_distribution()
     return rows

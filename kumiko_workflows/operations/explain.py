@@ -15,9 +15,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.engine import wakeups
-from kumiko_workflows.engine.resume import max_resume_errors, rerun_refusal
+from kumiko_workflows.engine.resume import max_resume_errors
+from kumiko_workflows.engine.run_controls import rerun_refusal
 from kumiko_workflows.models import (
     Event,
     RunStatus,
@@ -25,8 +25,9 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, suspensions
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
 _TIMELINE_HIDDEN = frozenset(
@@ -275,7 +276,7 @@ class Explanation:
     late_by: timedelta | None = None
     #: What the error text is the error of: "Last error (attempt 1 of 3)".
     error_heading: str = "Last error"
-    #: A failed run that :func:`~kumiko_workflows.engine.resume.rerun_run` would take.
+    #: A failed run that :func:`~kumiko_workflows.engine.run_controls.rerun_run` would take.
     rerunnable: bool = False
     #: The run changed after it was read: what this says is of the run as read.
     moved: bool = False

@@ -19,33 +19,26 @@ purged run's id (the same idempotency key) again, unless
 
 With an archive, every event a batch deletes is first written to one file
 as gzip-compressed JSON lines, one gzip member per batch, flushed to disk
-before the batch commits: ``zcat PATH | jq`` reads it.
+before the batch commits: ``zcat PATH | jq`` reads it
+(:mod:`kumiko_workflows.operations.archive`). The cut-off is
+:mod:`kumiko_workflows.operations.cutoff`'s.
 """
+
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import gzip
-import json
 import logging
 import os
-import stat
 import uuid
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, BinaryIO
+from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
 
-from kumiko_workflows import event_types as et
-from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.purged_runs import keeps_key
-from kumiko_workflows.exceptions import InvalidArgument, InvalidDuration
+from kumiko_workflows.exceptions import InvalidArgument
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
     Event,
@@ -56,331 +49,16 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
     WorkflowWaitKey,
 )
-from kumiko_workflows.store import db
-from kumiko_workflows.store.events import name_problem
-from kumiko_workflows.workflow.durations import parse_duration
+from kumiko_workflows.operations.archive import ARCHIVE_FIELDS, Archive, _json_line
+from kumiko_workflows.operations.cutoff import parse_cutoff
+from kumiko_workflows.store import db, statements
+from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.workflow import event_types as et
 
 logger = logging.getLogger("kumiko_workflows.purge")
 
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
-
-#: The fields of an archived event, in the order each JSON line has them: every
-#: column of the event table, as the model names them.
-ARCHIVE_FIELDS = tuple(field.attname for field in Event._meta.concrete_fields)
-
-
-# --- the cut-off ------------------------------------------------------------------
-
-
-def parse_cutoff(value: Any, now: datetime | None = None) -> datetime:
-    """The instant runs must have finished before to be purged, in UTC.
-
-    ``value`` is an ISO 8601 duration (``P30D``: finished more than 30 days
-    before ``now``) or instant with a UTC offset, a ``timedelta`` or an aware
-    ``datetime``. A negative duration, an instant after ``now`` (a mistyped
-    year would purge everything; ``PT0S`` says "until now"), a naive instant
-    and anything unparsable raise :class:`InvalidArgument`.
-    """
-    moment = timezone.now() if now is None else now
-    if isinstance(value, str):
-        text = value.strip()
-        if text.upper().startswith(("P", "-P")):
-            if text.startswith("-"):
-                raise InvalidArgument(
-                    f"{_shown(value)} is a negative duration; give how long finished runs are "
-                    "kept, e.g. P30D"
-                )
-            try:
-                value = parse_duration(text)
-            except InvalidDuration as exc:
-                raise InvalidArgument(str(exc)) from None
-        else:
-            try:
-                value = datetime.fromisoformat(text)
-            except ValueError:
-                raise InvalidArgument(
-                    f"{_shown(value)} is neither an ISO 8601 duration (P30D, PT12H) nor an "
-                    "instant with a UTC offset (2026-01-31T00:00:00Z)"
-                ) from None
-    if isinstance(value, timedelta):
-        if value < timedelta(0):
-            raise InvalidArgument(f"{value} is a negative duration")
-        try:
-            return (moment - value).astimezone(UTC)
-        except OverflowError:
-            raise InvalidArgument(f"{value} before now is out of range") from None
-    if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise InvalidArgument(f"{value.isoformat()} has no UTC offset; add Z or +01:00")
-        try:
-            instant = value.astimezone(UTC)
-        except OverflowError:  # 0001-01-01T00:00:00+14:00 is before the year 1 in UTC
-            raise InvalidArgument(
-                f"{value.isoformat()} is out of range: it falls outside the years 1-9999 in UTC"
-            ) from None
-        if instant > moment:
-            raise InvalidArgument(
-                f"{value.isoformat()} is in the future; to purge every run finished until now, "
-                "give PT0S"
-            )
-        return instant
-    raise InvalidArgument(
-        f"{_shown(value)} is not a cut-off: give an ISO 8601 duration (P30D) or instant, "
-        "a timedelta or an aware datetime"
-    )
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:76]}...{text[-1]}"
-
-
-def retention_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be ``KUMIKO_WORKFLOWS["RETENTION"]``, or None."""
-    if value is None:
-        return None
-    if isinstance(value, str) and not value.strip().upper().startswith(("P", "-P")):
-        return f"must be an ISO 8601 duration such as 'P30D', got {_shown(value)}"
-    if not isinstance(value, str | timedelta):
-        return f"must be an ISO 8601 duration such as 'P30D' or a timedelta, got {_shown(value)}"
-    try:
-        parse_cutoff(value)
-    except InvalidArgument as exc:
-        return str(exc)
-    return None
-
-
-def default_retention() -> Any:
-    """``KUMIKO_WORKFLOWS["RETENTION"]`` (None when unset)."""
-    return workflow_settings.RETENTION
-
-
-# --- the archive ------------------------------------------------------------------
-
-
-class ArchiveError(InvalidArgument):
-    """The archive file cannot be written."""
-
-
-#: The bytes every gzip member starts with: magic and the deflate method.
-_GZIP_HEADER = b"\x1f\x8b\x08"
-
-#: How far from its end the archive is first searched for its last member.
-_TAIL_WINDOW = 1 << 16
-
-
-def _member_from(handle: BinaryIO, position: int) -> int | None:
-    """Where the gzip member starting at ``position`` ends: None if it is no gzip member
-    (a header's bytes inside compressed data), -1 if it is still whole at the end of the
-    file but does not end there (torn)."""
-    member = zlib.decompressobj(wbits=31)
-    handle.seek(position)
-    offset = position
-    try:
-        while chunk := handle.read(1 << 16):
-            member.decompress(chunk)
-            if member.eof:
-                return offset + len(chunk) - len(member.unused_data)
-            offset += len(chunk)
-    except zlib.error:
-        return None
-    return -1
-
-
-def _complete_length(handle: BinaryIO) -> tuple[int, bool]:
-    """Bytes of whole gzip members at the start of the file, and whether that is all of it.
-
-    Only the tail is read: gzip members have no index, so the last one is
-    found by trying, from the end backwards, each place a member header
-    could start; the first that decompresses whole to the end of the file
-    is the last member, and what comes before it was checked by the purges
-    that wrote it. (Decompressing every member before each purge took
-    2.2 s for 2.4 GB of archive.) A member that ends before the end of the
-    file is followed by a torn one, which the caller refuses. The window
-    searched doubles until a member is found, so only a file whose last
-    member is huge, or one that is no gzip file, is read further.
-    """
-    size = handle.seek(0, os.SEEK_END)
-    if size == 0:
-        return 0, True
-    handle.seek(0)
-    if handle.read(len(_GZIP_HEADER)) != _GZIP_HEADER:
-        raise zlib.error("not a gzip file")
-    window = _TAIL_WINDOW
-    searched = size  # candidates at or after this were tried
-    torn_from_start = False
-    while True:
-        start = max(0, size - window)
-        handle.seek(start)
-        # A header straddling the window's end was not seen last time.
-        tail = handle.read(min(searched + len(_GZIP_HEADER), size) - start)
-        at = len(tail)
-        while (at := tail.rfind(_GZIP_HEADER, 0, at)) >= 0:
-            position = start + at
-            if position >= searched:
-                continue
-            end = _member_from(handle, position)
-            if end == size:
-                return size, True
-            if end is not None and end >= 0:
-                return end, False
-            torn_from_start = position == 0 and end is not None
-        if start == 0:
-            if torn_from_start:  # one member, torn: none of it is complete
-                return 0, False
-            raise zlib.error("no complete gzip member")
-        searched = start
-        window *= 2
-
-
-class Archive:
-    """One file of gzip-compressed JSON lines, appended one member per batch.
-
-    A new file is created readable by its owner only (0600); an existing one
-    others may read is refused, not widened or tightened behind the
-    operator's back. The path must name the file itself: a symbolic link
-    (dangling or not) and anything but a regular file (a FIFO, a device, a
-    folder) are refused.
-
-    Opened before any SQL: a path that cannot be written, a file another
-    purge is appending to, or one that ends in a torn member (a purge killed
-    while writing) is refused then, not after the first batch. A write that
-    fails (a full disk) takes its member out again and raises
-    :class:`ArchiveError`; the batch is then rolled back, nothing of it
-    deleted.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._file: BinaryIO = self._open()
-        try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._file.close()
-            raise ArchiveError(
-                f"the archive {self.path} is in use by another purge; give each its own file"
-            ) from None
-        try:
-            complete, whole = _complete_length(self._file)
-        except zlib.error:
-            self.close()
-            raise ArchiveError(
-                f"{self.path} is not a gzip file; give a new or a .gz file"
-            ) from None
-        if not whole:
-            self.close()
-            raise ArchiveError(
-                f"the archive {self.path} ends in an incomplete gzip member (a purge stopped "
-                f"while writing it); keep its complete part with `truncate -s {complete} "
-                f"{self.path}`, or give another file"
-            )
-        self.events = 0
-
-    def _open(self) -> BinaryIO:
-        """The file, opened for appending: created (0600) if new, else checked.
-
-        ``O_NOFOLLOW`` refuses a symbolic link, and ``O_NONBLOCK`` keeps a
-        FIFO from blocking the open until it is refused.
-        """
-        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        created = True
-        try:
-            try:
-                # A new file is its owner's only: it holds step results as they were.
-                descriptor = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                created = False
-                descriptor = os.open(self.path, flags)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise ArchiveError(
-                    f"the archive {self.path} is a symbolic link; give the file itself"
-                ) from None
-            raise ArchiveError(f"cannot open the archive {self.path}: {exc.strerror}") from None
-        problem = _not_private_file(os.fstat(descriptor))
-        if problem:
-            os.close(descriptor)
-            raise ArchiveError(f"the archive {self.path} {problem}")
-        if created:
-            _fsync_directory(self.path.parent)
-        # Unbuffered: a write that failed must leave nothing behind to flush later.
-        return os.fdopen(descriptor, "rb+", buffering=0)
-
-    def write(self, lines: Sequence[bytes]) -> None:
-        """Append ``lines`` as one gzip member and flush it to disk (fsync)."""
-        if not lines:
-            return
-        member = gzip.compress(b"".join(lines), compresslevel=6)
-        self._file.seek(0, os.SEEK_END)
-        start = self._file.tell()
-        try:
-            written = memoryview(member)
-            while written:
-                written = written[self._file.write(written) or 0 :]
-            os.fsync(self._file.fileno())
-        except BaseException as exc:
-            # The batch rolls back: leave no half member behind it.
-            with contextlib.suppress(OSError):
-                self._file.truncate(start)
-            if isinstance(exc, OSError):
-                raise ArchiveError(
-                    f"cannot write the archive {self.path}: {exc.strerror}; the batch was "
-                    "rolled back, nothing of it deleted"
-                ) from None
-            raise
-        self.events += len(lines)
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def _not_private_file(status: os.stat_result) -> str:
-    """Why a file with ``status`` cannot hold the archive ('' if it can)."""
-    if not stat.S_ISREG(status.st_mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(status.st_mode)
-            else "a device"
-            if stat.S_ISCHR(status.st_mode) or stat.S_ISBLK(status.st_mode)
-            else "a socket"
-            if stat.S_ISSOCK(status.st_mode)
-            else "not a file"
-        )
-        return f"is not a regular file ({kind}); give a file"
-    mode = stat.S_IMODE(status.st_mode)
-    if mode & 0o077:
-        return (
-            f"can be read or written by others than its owner (mode {mode:04o}), and it "
-            "holds step results; `chmod 600` it, or give a new file"
-        )
-    return ""
-
-
-def _fsync_directory(folder: Path) -> None:
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:  # pragma: no cover - a directory we just created a file in
-        return
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _json_line(row: Sequence[Any]) -> bytes:
-    record = dict(zip(ARCHIVE_FIELDS, row, strict=True))
-    record["aggregate_id"] = str(record["aggregate_id"])
-    record["created_at"] = record["created_at"].isoformat()
-    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-
-
-def read_archive(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Every event in an archive, in the order written (what ``zcat PATH | jq`` shows)."""
-    with gzip.open(path, "rt", encoding="utf-8") as lines:
-        for line in lines:
-            yield json.loads(line)
-
 
 # --- the purge --------------------------------------------------------------------
 
@@ -625,7 +303,7 @@ def _hold_writes() -> None:
     (PostgreSQL locks the rows the batch reads instead.)
     """
     if not db.overlapping_writers():
-        db.lock_projection_tables()
+        statements.lock_projection_tables()
 
 
 def _purge_tenant(
@@ -750,7 +428,7 @@ def _still_triggering(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]
 def _delete_events(tenant: str, ids: list[uuid.UUID], writer: Archive | None) -> int:
     """Delete the run streams of ``ids`` (archived first); return how many events went.
 
-    Past the model's refusal, through :func:`kumiko_workflows.store.db.delete_run_streams`:
+    Past the model's refusal, through :func:`kumiko_workflows.store.statements.delete_run_streams`:
     the engine's run streams of one tenant, nothing else.
     """
     deleted = 0
@@ -765,7 +443,7 @@ def _delete_events(tenant: str, ids: list[uuid.UUID], writer: Archive | None) ->
                 .values_list(*ARCHIVE_FIELDS)
             )
             lines.extend(_json_line(row) for row in rows)
-        deleted += db.delete_run_streams(tenant, list(chunk))
+        deleted += statements.delete_run_streams(tenant, list(chunk))
     if writer is not None:
         if deleted != len(lines):
             # An event committed between the read and the delete would be

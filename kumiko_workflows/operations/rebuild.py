@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending, WorkflowWaitKey
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.dispatch import registry as projection_registry
 
 #: Events replayed per query; each batch is read in full before it is replayed.
@@ -144,7 +144,7 @@ def rebuild(
     result lists the rows that differed.
     """
     with db.atomic():
-        db.lock_projection_tables()
+        statements.lock_projection_tables()
         before_runs, before_pending, before_keys = _snapshot()
         errors = list(
             WorkflowRun.objects.exclude(last_error="").values_list("run_id", "last_error")

@@ -23,7 +23,7 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.workflow.definition import registry
+from kumiko_workflows.workflow.registry import registry
 
 
 @dataclass

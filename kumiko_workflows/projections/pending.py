@@ -15,7 +15,6 @@ from typing import Any
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidMatchExpression
 from kumiko_workflows.models import (
@@ -25,8 +24,9 @@ from kumiko_workflows.models import (
     WorkflowWaitKey,
 )
 from kumiko_workflows.projections.run_status import is_run_event
-from kumiko_workflows.store import db
+from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.streams import is_cleared
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, suspensions
 
 _PENDING_UPDATE_FIELDS = [
@@ -98,7 +98,7 @@ def _store_keys(
     """Store the wait under ``keys``, replacing the run's old ones."""
     where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}
     if not cleared:
-        db.write_rows(WorkflowWaitKey, "DELETE", {}, where)
+        statements.write_rows(WorkflowWaitKey, "DELETE", {}, where)
     WorkflowWaitKey.objects.bulk_create(
         WorkflowWaitKey(**where, event_type=row.wait_event_type, path=path, value=value)
         for path, value in sorted(keys)
@@ -159,6 +159,6 @@ def project_pending(event: Event, replaying: bool) -> None:
         if cleared:
             return  # the stream's previous event, in this transaction, deleted them
         where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}
-        db.write_rows(WorkflowRunPending, "DELETE", {}, where)
+        statements.write_rows(WorkflowRunPending, "DELETE", {}, where)
         if kind in et.TERMINAL or event.payload.get("suspension_type") == SuspensionType.EVENT:
-            db.write_rows(WorkflowWaitKey, "DELETE", {}, where)
+            statements.write_rows(WorkflowWaitKey, "DELETE", {}, where)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, RunStatus, WorkflowRun
-from kumiko_workflows.store import db
+from kumiko_workflows.store import statements
+from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
 
 #: The run events both projections handle.
@@ -118,10 +118,10 @@ def project_run_status(event: Event, replaying: bool) -> None:
         return
     write = status_write(event)
     if write is not None:
-        db.write_rows(write[0], "UPDATE", write[1], write[2])
+        statements.write_rows(write[0], "UPDATE", write[1], write[2])
 
 
-def status_write(event: Event) -> db.Write | None:
+def status_write(event: Event) -> statements.Write | None:
     """The ``UPDATE`` of the run's status row that ``event`` makes (not its start), or None."""
     if not is_run_event(event) or event.type == et.RUN_STARTED:
         return None

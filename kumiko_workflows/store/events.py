@@ -10,27 +10,24 @@ caller's transaction stays usable.
 A stream is ``(tenant_id, aggregate_id)``: its first event fixes its tenant
 and aggregate type, versions are unique per tenant (the key leads with
 ``tenant_id``, so the table shards by tenant), and every read of a stream
-names its tenant.
+names its tenant (:mod:`kumiko_workflows.store.stream_ids`). The checks of
+an append's arguments are :mod:`kumiko_workflows.store.event_checks`.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
-from contextvars import ContextVar
+from collections.abc import Mapping
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Any, cast
 
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Max, Model, Subquery
 from django.db.models.signals import post_save, pre_save
 
-from kumiko_workflows import event_types as et
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import (
     CrossDatabaseTransaction,
@@ -39,180 +36,31 @@ from kumiko_workflows.exceptions import (
     VersionConflict,
 )
 from kumiko_workflows.models import Event
+from kumiko_workflows.store import appends, cursors, statements
 from kumiko_workflows.store import db as db_statements
-from kumiko_workflows.store.db import EVENT_COLUMNS, chains_inserts
+from kumiko_workflows.store.appends import EVENT_COLUMNS
 from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
-from kumiko_workflows.workflow import clock
-from kumiko_workflows.workflow.jsonvalues import (
-    NotJSON,
-    compact_json,
-    text_problem,
-    text_size,
-    to_json,
+from kumiko_workflows.store.distribution import (
+    chains_inserts,
+    distributed,
+    next_event_id,
+    stream_elsewhere,
 )
+from kumiko_workflows.store.event_checks import (
+    _column_max,
+    _counter,
+    _json_object,
+    _name,
+    _shown,
+)
+from kumiko_workflows.store.stream_ids import (
+    ENGINE_STREAMS,
+    _as_uuid,
+    _engine_writing,
+)
+from kumiko_workflows.workflow import clock
 
 _NEXT_VERSION_ATTEMPTS = 3
-
-#: The engine's streams, with the only event types each takes (and their
-#: name in errors): any other event there would move the stream's version
-#: under a suspended run, or a schedule's, and strand it.
-ENGINE_STREAMS = {
-    et.RUN_AGGREGATE_TYPE: (frozenset(et.RUN_EVENTS), "workflow run events"),
-    et.SCHEDULE_AGGREGATE_TYPE: (frozenset(et.SCHEDULE_EVENTS), "cron schedule events"),
-}
-#: Streams only the engine writes.
-RESERVED_AGGREGATE_TYPES = frozenset(ENGINE_STREAMS)
-_engine_writing: ContextVar[bool] = ContextVar("kumiko_workflows_engine_writing", default=False)
-
-
-@contextmanager
-def engine_stream() -> Iterator[None]:
-    """Let the engine append to its reserved streams (runs, cron schedules)."""
-    token = _engine_writing.set(True)
-    try:
-        yield
-    finally:
-        _engine_writing.reset(token)
-
-
-#: The namespace of model instances' stream ids. Fixed for ever: the stream
-#: id of a row must never change, and anyone may compute it elsewhere.
-MODEL_STREAM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/model-instance")
-
-
-def stream_id_for(instance: Model) -> uuid.UUID:
-    """The stream id of a model instance: the same for the same row, always.
-
-    ``uuid5(MODEL_STREAM_NAMESPACE, "<app_label>.<model_name>:<pk>")`` with
-    the concrete model's lower-case label (a proxy shares its model's
-    streams) and the primary key as its field reads it back (``42``, a
-    UUID's canonical text). ``append_event`` and ``load_stream`` take the
-    instance itself and use this. Raises :class:`InvalidEvent` for anything
-    but a model instance with a primary key (an unsaved one has none).
-    """
-    if not isinstance(instance, Model):
-        raise InvalidEvent(f"stream_id_for takes a model instance, got {_shown(instance)}")
-    meta = (instance._meta.concrete_model or type(instance))._meta
-    pk = instance.pk
-    # A composite key's parts are joined as they are; a single key is read
-    # back through its field, so "42" and 42 name one stream.
-    parts = pk if isinstance(pk, tuple) else (None if pk is None else meta.pk.to_python(pk),)
-    if None in parts:
-        raise InvalidEvent(
-            f"a {meta.label} without a primary key names no stream: save it first"
-        )
-    return uuid.uuid5(MODEL_STREAM_NAMESPACE, f"{meta.label_lower}:" + "\x1f".join(map(str, parts)))
-
-
-def _as_uuid(value: Any) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    if isinstance(value, str):
-        try:
-            return uuid.UUID(value)
-        except ValueError:
-            pass
-    elif isinstance(value, Model):
-        return stream_id_for(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        raise InvalidEvent(
-            f"aggregate_id must be a UUID or a saved model instance, got {_shown(value)}: "
-            "an integer is not a stream id; pass the model instance itself (its stream id "
-            "is kumiko_workflows.stream_id_for(instance)), or a UUID of your own"
-        )
-    raise InvalidEvent(
-        f"aggregate_id must be a UUID or a saved model instance, got {_shown(value)}"
-    )
-
-
-def _shown(value: Any) -> str:
-    """``repr(value)`` for an error message, cut short."""
-    try:
-        text = repr(value)
-    except Exception:  # an integer of more than 4,300 digits, or a broken __repr__
-        if isinstance(value, int):
-            return f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
-        return f"a {type(value).__name__}"
-    return text if len(text) <= 80 else f"{text[:76]}...{text[-1]}"
-
-
-@functools.cache
-def _max_length(column: str) -> int:
-    length = cast(Field, Event._meta.get_field(column)).max_length
-    assert length is not None, column
-    return length
-
-
-def name_problem(value: Any, column: str, *, blank: bool = False) -> str | None:
-    """Why ``value`` cannot be stored in the name column ``column`` of Event, or None.
-
-    Checked before any SQL, so every database answers alike: PostgreSQL raises
-    on an overlong value or a NUL (and the raised error aborts the caller's
-    transaction) where SQLite stores them. ``blank`` allows the empty string.
-    """
-    if not isinstance(value, str) or not (blank or value.strip()):
-        return f"must be a {'string' if blank else 'non-empty string'}, got {_shown(value)}"
-    limit = _max_length(column)
-    if len(value) > limit:
-        return f"is longer than {limit} characters"
-    return text_problem(value, controls=False)
-
-
-#: Names already found valid, with their column: event types, aggregate
-#: types and tenants repeat, so each is checked once. Emptied when full, so
-#: it never holds more than _VALID_NAMES_LIMIT (each at most 200 characters).
-_valid_names: set[tuple[str, str, bool]] = set()
-_VALID_NAMES_LIMIT = 4096
-
-
-def _name(value: Any, column: str, *, blank: bool = False) -> str:
-    if type(value) is str and (value, column, blank) in _valid_names:
-        return value
-    problem = name_problem(value, column, blank=blank)
-    if problem:
-        raise InvalidEvent(f"{column} {problem}")
-    if type(value) is str:
-        if len(_valid_names) >= _VALID_NAMES_LIMIT:
-            _valid_names.clear()
-        _valid_names.add((value, column, blank))
-    return value
-
-
-@functools.cache
-def _column_max(column: str) -> int:
-    # The range PostgreSQL enforces for the column's type (and raises beyond,
-    # aborting the transaction); SQLite would store more.
-    field = Event._meta.get_field(column)
-    return BaseDatabaseOperations.integer_field_ranges[field.get_internal_type()][1]
-
-
-def _counter(value: Any, what: str, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidEvent(f"{what} must be an integer >= {low}, got {_shown(value)}")
-    if value > high:
-        raise InvalidEvent(f"{what} must be at most {high}, got {_shown(value)}")
-
-
-def _json_object(value: Any, what: str) -> tuple[dict[str, Any], str]:
-    """``value`` as plain JSON types, and as the JSON text that is stored."""
-    if value is None:
-        return {}, "{}"
-    if type(value) is not dict and not isinstance(value, Mapping):
-        raise InvalidEvent(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
-    try:
-        clean = to_json(value, what)
-    except NotJSON as exc:
-        raise InvalidEvent(str(exc)) from None
-    text = compact_json(clean)
-    limit = workflow_settings.MAX_PAYLOAD_BYTES
-    size = text_size(text)
-    if size > limit:
-        raise InvalidEvent(
-            f"{what} is {size} bytes of JSON, over the limit of {limit} bytes "
-            "(KUMIKO_WORKFLOWS['MAX_PAYLOAD_BYTES'])"
-        )
-    return clean, text
-
 
 def joins_callers_transaction(operation: str) -> None:
     """Refuse (:class:`CrossDatabaseTransaction`) to write outside the caller's transaction.
@@ -400,19 +248,19 @@ def _insert(
     aggregate = values[1]
     foreign = [aggregate, tenant, aggregate_type]
     if expected_version is None:
-        sql, params = db_statements.insert_event_sql("next"), [*values, tenant, aggregate, *foreign]
+        sql, params = appends.insert_event_sql("next"), [*values, tenant, aggregate, *foreign]
     elif expected_version == 0 and aggregate_type in ENGINE_STREAMS:
-        sql, params = db_statements.insert_event_sql("new_engine"), [*values, 1]
+        sql, params = appends.insert_event_sql("new_engine"), [*values, 1]
     elif expected_version == 0:
-        sql, params = db_statements.insert_event_sql("new"), [*values, 1, *foreign]
+        sql, params = appends.insert_event_sql("new"), [*values, 1, *foreign]
     else:
-        sql = db_statements.insert_event_sql("after")
+        sql = appends.insert_event_sql("after")
         previous = [tenant, aggregate, expected_version, aggregate_type]
         params = [*values, expected_version + 1, *previous]
     projected = registry.handles(event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
-    if db_statements.distributed():
+    if distributed():
         _insert_sharded(db, event, expected_version, values, savepoint=savepoint)
         return
     # A block with a savepoint of its own (or a transaction) can run again
@@ -423,7 +271,7 @@ def _insert(
         try:
             written = _write(db, event, sql, params, projected, savepoint)
         except DatabaseError as exc:
-            if not (again and db_statements.lost_prepared_statement(exc)):
+            if not (again and cursors.lost_prepared_statement(exc)):
                 raise
             again = False
             written = _write(db, event, sql, params, projected, savepoint)
@@ -446,7 +294,7 @@ def _write(
     """Run the insert (and the projections, in one atomic block); whether a row was written."""
     block = db_statements.atomic(savepoint=savepoint) if projected else nullcontext()
     with block:
-        rows = db_statements.run_insert(sql, params, db)
+        rows = appends.run_insert(sql, params, db)
         if rows:
             _saved(db, event, rows[0], projected)
             return True
@@ -464,9 +312,9 @@ def _insert_sharded(
     """:func:`_insert` on distributed tables (Citus): each statement one shard's.
 
     The id is drawn from the coordinator's sequence first, so ids stay the
-    append order (:func:`kumiko_workflows.store.db.next_event_id`). An
+    append order (:func:`kumiko_workflows.store.distribution.next_event_id`). An
     append after a version, or to the next one, reads the stream's row in
-    the insert itself (:func:`~kumiko_workflows.store.db.sharded_insert_sql`).
+    the insert itself (:func:`~kumiko_workflows.store.appends.sharded_insert_sql`).
     A stream's first event is a plain insert of version 1, and only once it
     is written is every shard asked whether another tenant's stream has the
     id (in a savepoint, which takes the row back if one has): the one
@@ -479,16 +327,16 @@ def _insert_sharded(
     engine_start = expected_version == 0 and kind in ENGINE_STREAMS
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     for _ in range(attempts):
-        event_id = db_statements.next_event_id()
+        event_id = next_event_id()
         if expected_version:
-            sql = db_statements.sharded_insert_sql("after")
+            sql = appends.sharded_insert_sql("after")
             stream = [tenant, aggregate, kind, expected_version]
             params = [event_id, *values[1:], expected_version + 1, *stream]
             if _write(db, event, sql, params, projected, savepoint):
                 return
         else:
             if expected_version is None:
-                sql = db_statements.sharded_insert_sql("next")
+                sql = appends.sharded_insert_sql("next")
                 params = [event_id, *values[1:], tenant, aggregate, kind]
                 if _write(db, event, sql, params, projected, savepoint):
                     return
@@ -516,10 +364,10 @@ def _write_first(
     checked = not engine_start
     block = db_statements.atomic(savepoint=savepoint or checked)
     with block:
-        rows = db_statements.run_insert(db_statements.sharded_insert_sql("first"), params, db)
+        rows = appends.run_insert(appends.sharded_insert_sql("first"), params, db)
         if not rows:
             return False
-        if checked and db_statements.stream_elsewhere(event.tenant_id, params[2]):
+        if checked and stream_elsewhere(event.tenant_id, params[2]):
             raise StreamIdentityError(f"stream {event.aggregate_id} belongs to another tenant")
         _saved(db, event, rows[0], projected)
     return True
@@ -634,13 +482,13 @@ def _insert_pair(
     folds = registry.folds(two)
     chained = []
     for _, (model, values, where) in folds:
-        sql, folded_params = db_statements.rows_statement(
+        sql, folded_params = statements.rows_statement(
             model, "UPDATE", values, where, after="second"
         )
         chained.append(sql)
         params.extend(folded_params)
-    sql = db_statements.insert_pair_sql(tuple(chained))
-    inserted = db_statements.run_insert(sql, params, db)
+    sql = appends.insert_pair_sql(tuple(chained))
+    inserted = appends.run_insert(sql, params, db)
     rows = {version: (pk, version) for pk, version in inserted}
     if expected_version + 1 not in rows:
         raise _refusal(one, expected_version) or _version_conflict(one, expected_version)

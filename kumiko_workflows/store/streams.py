@@ -16,10 +16,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from kumiko_workflows import event_types, telemetry
+from kumiko_workflows import telemetry
 from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.store.events import append_engine_pair, append_event, engine_stream
+from kumiko_workflows.store.events import append_engine_pair, append_event
+from kumiko_workflows.store.stream_ids import engine_stream
+from kumiko_workflows.workflow import event_types
 
 logger = logging.getLogger("kumiko_workflows.runner")
 

@@ -18,10 +18,10 @@ from django.core import checks
 
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidDuration
-from kumiko_workflows.steps import BACKOFFS
 from kumiko_workflows.store.events import append_event
 from kumiko_workflows.tasks import compat, runner
 from kumiko_workflows.workflow.durations import as_delay
+from kumiko_workflows.workflow.steps import BACKOFFS
 
 #: ``OPTIONS`` the backend reads, with their defaults (None: the engine's own).
 OPTION_DEFAULTS: dict[str, Any] = {

@@ -33,8 +33,6 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
-from kumiko_workflows import event_types as et
-from kumiko_workflows import steps
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine.segment import RunContext
 from kumiko_workflows.models import Event, RunStatus, TaskAttempt, WorkflowRun
@@ -46,14 +44,12 @@ from kumiko_workflows.tasks.names import (
     event_type,
     workflow_name,
 )
-from kumiko_workflows.workflow.definition import (
-    Workflow,
-    define_workflow,
-    on_cron,
-    on_event,
-    registry,
-    run_id_for,
-)
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow import steps
+from kumiko_workflows.workflow.cron import on_cron
+from kumiko_workflows.workflow.definition import Workflow, define_workflow, run_id_for
+from kumiko_workflows.workflow.registry import registry
+from kumiko_workflows.workflow.triggers import on_event
 
 #: The step result that holds the successful attempt: of a task retried, of one run once.
 RESULT_KEY = "task"

@@ -20,13 +20,13 @@ from typing import Any, Protocol
 
 from django.utils.dateparse import parse_datetime
 
-from kumiko_workflows import event_types as et
+from kumiko_workflows.workflow import event_types as et
 
 Facts = list[tuple[str, str]]
 
 
 class Teller(Protocol):
-    """What an explanation is told with (the admin's :mod:`kumiko_workflows.explain`)."""
+    """What an explanation is told with (the admin's :mod:`kumiko_workflows.operations.explain`)."""
 
     #: The run's status row.
     run: Any

@@ -85,7 +85,7 @@ def two_tenants():
 def fire_in_child(now_iso: str) -> None:
     """Entry point of the race test's child processes (``manage.py shell -c``)."""
     from kumiko_workflows import fire_due_schedules
-    from kumiko_workflows.workflow.definition import registry
+    from kumiko_workflows.workflow.registry import registry
 
     with registry.override(every_five_minutes):
         started = fire_due_schedules(now=datetime.fromisoformat(now_iso))

@@ -14,15 +14,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from kumiko_workflows.exceptions import InvalidArgument
 from kumiko_workflows.management.arguments import positive_int
+from kumiko_workflows.operations.cutoff import default_retention, parse_cutoff
 from kumiko_workflows.operations.progress import Progress
-from kumiko_workflows.operations.purge import (
-    DEFAULT_BATCH,
-    MAX_BATCH,
-    PurgeReport,
-    default_retention,
-    parse_cutoff,
-    purge_runs,
-)
+from kumiko_workflows.operations.purge import DEFAULT_BATCH, MAX_BATCH, PurgeReport, purge_runs
 
 
 class Command(BaseCommand):

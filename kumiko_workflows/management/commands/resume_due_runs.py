@@ -19,7 +19,7 @@ from kumiko_workflows.management.arguments import (
     refuse_writing_rehearsal,
     tenant_id,
 )
-from kumiko_workflows.store import db
+from kumiko_workflows.store import claims
 from kumiko_workflows.tasks import names
 
 logger = logging.getLogger("kumiko_workflows.worker")
@@ -126,7 +126,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         queues = options.get("queues")
         only = None if not queues else [names.workflow_name(queue) for queue in queues]
-        with db.claiming_only(only):
+        with claims.claiming_only(only):
             self._handle(*args, **options)
 
     def _handle(self, *args: Any, **options: Any) -> None:

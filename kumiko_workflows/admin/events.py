@@ -1,0 +1,128 @@
+"""The event log's admin: read-only, with the runs each event started or woke.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import Q, QuerySet
+from django.utils.html import format_html, format_html_join
+
+from kumiko_workflows.admin.base import WorkflowAdmin
+from kumiko_workflows.admin.display import _pre, _short_id, _time, _zoned
+from kumiko_workflows.models import (
+    Event,
+    WorkflowRun,
+)
+from kumiko_workflows.workflow import event_types as et
+
+#: Runs an event page links to, per kind (started, woken); the rest are counted.
+RUN_LINK_LIMIT = 20
+#: Wake-ups after an event that its page looks through for the runs it woke.
+WAKE_WINDOW = 10_000
+
+_ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
+
+@admin.register(Event)
+class EventAdmin(WorkflowAdmin):
+    list_display = (
+        "id",
+        "created",
+        "type",
+        "aggregate_type",
+        "aggregate",
+        "version",
+        "tenant_id",
+    )
+    list_filter = ("type", "aggregate_type", "tenant_id")
+    search_fields = ("aggregate_id",)
+    search_help_text = "An aggregate id (whole, or its first 8 characters), or an event id."
+    ordering = ("-id",)
+    list_per_page = 100
+    # Counting a large log on every page costs more than it tells.
+    show_full_result_count = False
+    fields = (
+        "id",
+        "created",
+        "tenant_id",
+        "type",
+        "event_version",
+        "aggregate_type",
+        "aggregate_id",
+        "version",
+        "workflow_runs",
+        "created_by",
+        "payload_json",
+        "metadata_json",
+    )
+    readonly_fields = ("created", "workflow_runs", "payload_json", "metadata_json")
+
+    id_field = "aggregate_id"
+
+    def search_matches(self, term: str) -> Q | None:
+        number = term.removeprefix("#")
+        return Q(id=int(number)) if number.isdigit() and len(number) <= 18 else None
+
+    @admin.display(description=_zoned("created"), ordering="id")
+    def created(self, event: Event) -> str:
+        return _time(event.created_at)
+
+    @admin.display(description="aggregate id", ordering="aggregate_id")
+    def aggregate(self, event: Event) -> str:
+        if event.aggregate_type == et.RUN_AGGREGATE_TYPE:
+            return self._run_link(event.aggregate_id)
+        return _short_id(event.aggregate_id)
+
+    @admin.display(description="payload")
+    def payload_json(self, event: Event) -> str:
+        return _pre(event.payload)
+
+    @admin.display(description="metadata")
+    def metadata_json(self, event: Event) -> str:
+        return _pre(event.metadata)
+
+    @admin.display(description="workflow runs")
+    def workflow_runs(self, event: Event) -> str:
+        """The run whose stream this is, the runs it started, the runs it woke."""
+        lines: list[tuple[str, str]] = []
+        if event.aggregate_type == et.RUN_AGGREGATE_TYPE:
+            lines.append(("its stream's run", self._run_link(event.aggregate_id)))
+        started = WorkflowRun.objects.filter(tenant_id=event.tenant_id, trigger_event_id=event.id)
+        lines.extend(self._run_lines("started", started.order_by("started_at")))
+        if event.aggregate_type not in _ENGINE_AGGREGATE_TYPES:
+            lines.extend(self._woken_lines(event))
+        if not lines:
+            return "none: it started no run and woke none"
+        return format_html_join(
+            "", '<div class="kw-run-ref">{}: {}</div>', ((label, link) for label, link in lines)
+        )
+
+    def _run_lines(self, label: str, runs: QuerySet) -> list[tuple[str, str]]:
+        found = list(runs[: RUN_LINK_LIMIT + 1])
+        lines: list[tuple[str, str]] = [
+            (
+                label,
+                format_html(
+                    "{} {} ({})", self._run_link(run.run_id), run.workflow_name, run.status
+                ),
+            )
+            for run in found[:RUN_LINK_LIMIT]
+        ]
+        if len(found) > RUN_LINK_LIMIT:
+            lines.append((label, f"and {runs.count() - RUN_LINK_LIMIT} more"))
+        return lines
+
+    def _woken_lines(self, event: Event) -> list[tuple[str, str]]:
+        # A wake-up names its awaited event in its payload and comes after it;
+        # engine streams have no payload index, so look through a window.
+        wakes = Event.objects.filter(
+            tenant_id=event.tenant_id, type=et.WAKE_REQUESTED, id__gt=event.id
+        )
+        window = wakes.order_by("id").values("id")[:WAKE_WINDOW]
+        woken = Event.objects.filter(id__in=window, payload__awaited_event_id=event.id)
+        run_ids = list(dict.fromkeys(woken.order_by("id").values_list("aggregate_id", flat=True)))
+        runs = WorkflowRun.objects.filter(tenant_id=event.tenant_id, run_id__in=run_ids)
+        lines = self._run_lines("woke", runs.order_by("started_at"))
+        beyond = wakes.order_by("id").values_list("id", flat=True)[WAKE_WINDOW : WAKE_WINDOW + 1]
+        if list(beyond):
+            lines.append(("woke", f"(only the {WAKE_WINDOW:,} wake-ups after it were looked at)"))
+        return lines

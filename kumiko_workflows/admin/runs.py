@@ -1,0 +1,305 @@
+"""The runs' admin: the list, the run page (its explanation, timeline and buttons).
+
+The actions (wake now, cancel, rerun) are :mod:`kumiko_workflows.admin.actions`,
+the cron schedules above the list :mod:`kumiko_workflows.admin.schedules`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import unquote
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from kumiko_workflows.admin.actions import RunActions
+from kumiko_workflows.admin.base import WorkflowAdmin, _many_tenants, admin_tenant
+from kumiko_workflows.admin.display import _breakable, _clipped, _short_id, _time, _zoned
+from kumiko_workflows.admin.schedules import ScheduleControls
+from kumiko_workflows.models import (
+    SETTLED_STATUSES,
+    Event,
+    RunStatus,
+    SuspensionType,
+    WorkflowRun,
+)
+from kumiko_workflows.operations.explain import (
+    Explanation,
+    attempt_text,
+    awaited_events,
+    explain,
+    plural,
+    step_label,
+    timeline,
+    when,
+)
+from kumiko_workflows.operations.versions import stale_workers, version_table
+from kumiko_workflows.store.streams import FAILURE_REASONS
+from kumiko_workflows.workflow import clock
+
+
+class FailureReasonFilter(admin.SimpleListFilter):
+    """The reasons a run can fail with (not a scan of the runs for the ones that occur)."""
+
+    title = "failure reason"
+    parameter_name = "failure_reason"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(reason, reason) for reason in FAILURE_REASONS]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(failure_reason=value) if value else queryset
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
+    list_display = (
+        "run",
+        "workflow",
+        "workflow_version",
+        "status",
+        "failure",
+        "current_step",
+        "search",
+        "updated",
+    )
+    list_filter = ("status", FailureReasonFilter, "workflow_name", "workflow_version", "tenant_id")
+    search_fields = ("search_key",)
+    search_help_text = (
+        "A run id (whole, or its first 8 characters), or a search key, exactly: the "
+        "workflow's search_key, else the idempotency key."
+    )
+    ordering = ("-updated_at",)
+    actions = ["wake_now", "cancel_runs", "rerun_failed"]
+    change_form_template = "admin/kumiko_workflows/workflowrun/change_form.html"
+    change_list_template = "admin/kumiko_workflows/workflowrun/change_list.html"
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "run_id",
+                    "workflow_name",
+                    "workflow_version",
+                    "tenant_id",
+                    "trigger_event",
+                    "idempotency_key",
+                    "search_key",
+                    "status",
+                    "current_step",
+                    "started",
+                    "updated_text",
+                    "finished",
+                )
+            },
+        ),
+        ("Suspension", {"fields": ("suspension_type", "wake_at_text", "awaited_event_type")}),
+        ("Failure", {"fields": ("failure_reason", "error_class", "attempt")}),
+        (
+            "Stream",
+            {"classes": ("collapse",), "fields": ("version", "definition_fingerprint")},
+        ),
+    )
+    readonly_fields = (
+        "current_step",
+        "trigger_event",
+        "started",
+        "updated_text",
+        "finished",
+        "wake_at_text",
+        "attempt",
+    )
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        shown = list(super().get_list_display(request))
+        if _many_tenants(request):
+            # Under the workflow rather than a column of its own: room for the
+            # failure reason and the search key at 1280 px.
+            shown[shown.index("workflow")] = "workflow_and_tenant"
+        return shown
+
+    @admin.display(description="workflow (tenant)", ordering="workflow_name")
+    def workflow_and_tenant(self, run: WorkflowRun) -> str:
+        return format_html(
+            '{}<div class="kw-tenant">{}</div>', _breakable(run.workflow_name), run.tenant_id
+        )
+
+    def search_matches(self, term: str) -> Q | None:
+        return Q(search_key=term)
+
+    @admin.display(description="run", ordering="run_id")
+    def run(self, run: WorkflowRun) -> str:
+        return _short_id(run.run_id)
+
+    @admin.display(description="failure", ordering="failure_reason")
+    def failure(self, run: WorkflowRun) -> str:
+        return _breakable(run.failure_reason) if run.failure_reason else "—"
+
+    @admin.display(description="current step", ordering="step")
+    def current_step(self, run: WorkflowRun) -> str:
+        return _breakable(step_label(run.workflow_name, run.step, run.workflow_version) or "—")
+
+    @admin.display(description="search key", ordering="search_key")
+    def search(self, run: WorkflowRun) -> str:
+        return _clipped(run.search_key)
+
+    @admin.display(description=_zoned("updated"), ordering="updated_at")
+    def updated(self, run: WorkflowRun) -> str:
+        return _time(run.updated_at)
+
+    @admin.display(description="started")
+    def started(self, run: WorkflowRun) -> str:
+        return when(run.started_at)
+
+    @admin.display(description="updated")
+    def updated_text(self, run: WorkflowRun) -> str:
+        return when(run.updated_at)
+
+    @admin.display(description="finished")
+    def finished(self, run: WorkflowRun) -> str:
+        return when(run.finished_at)
+
+    @admin.display(description="wakes at")
+    def wake_at_text(self, run: WorkflowRun) -> str:
+        return when(run.wake_at)
+
+    @admin.display(description="retry attempt")
+    def attempt(self, run: WorkflowRun) -> str:
+        return attempt_text(run)
+
+    @admin.display(description="trigger event")
+    def trigger_event(self, run: WorkflowRun) -> str:
+        if run.trigger_event_id is None:
+            return "—"
+        event = Event.objects.filter(tenant_id=run.tenant_id, id=run.trigger_event_id).first()
+        if event is None:
+            return format_html("#{} (gone)", run.trigger_event_id)
+        return self._event_link(event.id, f" {event.type}, {when(event.created_at)}")
+
+    # --- permissions of the actions -------------------------------------------
+
+    def has_wake_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "wake_workflowrun")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "cancel_workflowrun")
+
+    def has_rerun_permission(self, request: HttpRequest) -> bool:
+        # The permission kept its first codename, so existing grants still apply.
+        return self._has(request, "rerun_workflowrun")
+
+    # --- the run list -----------------------------------------------------------
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = dict(extra_context or {})
+        context["kw_schedules"] = self._schedules(request)
+        context["kw_schedule_url"] = reverse(
+            f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_schedule"
+        )
+        context["kw_show_tenant"] = len({row["tenant_id"] for row in context["kw_schedules"]}) > 1
+        context["kw_deploy_problems"] = self._deploy_problems(request)
+        return super().changelist_view(request, context)
+
+    def _deploy_problems(self, request: HttpRequest) -> list[str]:
+        """Workers whose code is older than runs they left, and waiting runs this code would fail.
+
+        Read with the code this admin runs: opened on a new deploy before its
+        workers start, it says which waiting runs the edit would fail.
+        """
+        tenant = admin_tenant(request)
+        lines = stale_workers(tenant, clock.now())
+        for row in version_table(tenant):
+            for group in row.failing:
+                lines.append(
+                    f"{plural(group['runs'], 'waiting run')} of workflow {row.workflow_name!r} "
+                    f"version {row.version} at step {group['step']} would fail on this code: "
+                    f"{group['why']}"
+                )
+        return lines
+
+    # --- the run page ---------------------------------------------------------
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        run = self.get_object(request, unquote(object_id))
+        context = dict(extra_context or {})
+        if run is not None:
+            # Django's form reads the run again (get_object): it gets this one,
+            # so the heading, the explanation and the buttons tell one state.
+            request._kw_run_snapshot = (unquote(object_id), run)  # type: ignore[attr-defined]
+            entries = timeline(run)
+            explanation = explain(run, clock.now())
+            context["kw_explanation"] = explanation
+            context["kw_timeline"] = [
+                {
+                    "entry": entry,
+                    "url": self._url(Event, entry.event_id),
+                    "refs": [
+                        (what, self._url(Event, event_id), event_id)
+                        for what, event_id in entry.refs
+                    ],
+                }
+                for entry in entries
+            ]
+            context["kw_related"] = self._related(run, awaited_events(entries))
+            context["kw_buttons"] = self._buttons(request, run, explanation)
+            context["kw_changelist_url"] = self._changelist_url(WorkflowRun)
+        return super().change_view(request, object_id, form_url, context)
+
+    def _related(self, run: WorkflowRun, awaited: list[tuple[str, int]]) -> list[tuple[str, str]]:
+        """(label, link) of the events the run refers to: its trigger, those it awaited."""
+        related = [("Trigger event", self.trigger_event(run))]
+        found = Event.objects.filter(tenant_id=run.tenant_id).in_bulk(
+            [event_id for _, event_id in awaited]
+        )
+        for what, event_id in awaited:
+            event = found.get(event_id)
+            text = f" {event.type}, {when(event.created_at)}" if event else " (gone)"
+            related.append((what.capitalize(), self._event_link(event_id, text)))
+        return related
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        snapshot = getattr(request, "_kw_run_snapshot", None)
+        if snapshot is not None and from_field is None and snapshot[0] == object_id:
+            return snapshot[1]
+        return super().get_object(request, object_id, from_field)
+
+    def _buttons(
+        self, request: HttpRequest, run: WorkflowRun, explanation: Explanation
+    ) -> list[tuple[str, str, str]]:
+        """The actions the explanation leaves open, each with its note (none on a stale read)."""
+        if explanation.moved:
+            return []
+        allowed = self.get_actions(request)
+        buttons = []
+        waking = run.status == RunStatus.WAITING and not explanation.due
+        if "wake_now" in allowed and waking:
+            note = (
+                "Resumes as if the wait had timed out."
+                if run.suspension_type == SuspensionType.EVENT
+                else "Resumes on the next worker pass."
+            )
+            buttons.append(("wake_now", "Wake now", note))
+        if "rerun_failed" in allowed and explanation.rerunnable:
+            buttons.append(
+                (
+                    "rerun_failed",
+                    "Rerun",
+                    "Runs again from where the failed attempt began, or resumes the wait it "
+                    "failed at with its deadline.",
+                )
+            )
+        if "cancel_runs" in allowed and run.status not in SETTLED_STATUSES:
+            buttons.append(("cancel_runs", "Cancel…", "Asks for a reason first."))
+        return buttons

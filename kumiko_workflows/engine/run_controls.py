@@ -1,0 +1,247 @@
+"""The operations on one run: cancel, wake now, rerun a failed run, retry.
+
+Each appends an event to the run's stream at its next version (the stream's
+uniqueness referees a race with a worker), in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from kumiko_workflows import telemetry
+from kumiko_workflows.engine import deploys
+from kumiko_workflows.engine.wakeups import (
+    suspended_on_event,
+    wake_by_look_back,
+)
+from kumiko_workflows.exceptions import (
+    InvalidArgument,
+    RunNotFound,
+    RunNotRerunnable,
+    VersionConflict,
+)
+from kumiko_workflows.models import (
+    SETTLED_STATUSES,
+    Event,
+    RunStatus,
+    SuspensionType,
+    WorkflowRun,
+    WorkflowRunPending,
+)
+from kumiko_workflows.store import db
+from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.store.events import joins_callers_transaction
+from kumiko_workflows.store.streams import (
+    RunStream,
+)
+from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.definition import Workflow
+from kumiko_workflows.workflow.jsonvalues import text_problem
+
+
+def find_run(run_id: uuid.UUID | str) -> WorkflowRun:
+    """The run's status row; :class:`RunNotFound` for an id that is not a run's."""
+    try:
+        key = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    except ValueError:
+        raise RunNotFound(f"{run_id!r} is not a run id (a UUID)") from None
+    run = WorkflowRun.objects.filter(run_id=key).first()
+    if run is None:
+        raise RunNotFound(f"no workflow run has id {key}")
+    return run
+
+
+def _append_to_run(
+    run_id: uuid.UUID | str,
+    eligible: Callable[[WorkflowRun], bool],
+    type: str,
+    payload: Callable[[WorkflowRun], dict[str, Any]],
+    created_by: str | None,
+    then: Callable[[WorkflowRun], None] | None = None,
+) -> bool:
+    """Append ``type`` to an ``eligible`` run's stream; ``then`` follows in its transaction."""
+    for _ in range(5):
+        run = find_run(run_id)
+        if not eligible(run):
+            return False
+        stream = RunStream(
+            run.run_id,
+            run.tenant_id,
+            run.workflow_name,
+            run.version,
+            run.definition_fingerprint,
+            run.trigger_event_id,
+        )
+        try:
+            with db.atomic():
+                # The lock order of every writer to a run: its pending rows,
+                # then its stream. A worker or a wake-up holding them is
+                # waited for, never deadlocked with.
+                list(
+                    WorkflowRunPending.objects.select_for_update().filter(
+                        tenant_id=run.tenant_id, run_id=run.run_id
+                    )
+                )
+                stream.append(type, payload(run), created_by=created_by or "")
+                if then is not None:
+                    then(run)
+        except VersionConflict:
+            telemetry.conflict("operation")
+            continue  # the run moved (a worker resumed it): look again
+        return True
+    return False
+
+
+def check_name(value: Any, what: str, column: str, *, blank: bool = False) -> None:
+    """Refuse, before any SQL, a value (None aside) the event's ``column`` cannot hold."""
+    problem = None if value is None else name_problem(value, column, blank=blank)
+    if problem:
+        raise InvalidArgument(f"{what} {problem}")
+
+
+def check_by(by: str | None) -> None:
+    check_name(by, "by", "created_by", blank=True)
+
+
+def cancel_run(run_id: uuid.UUID | str, reason: str, by: str | None = None) -> bool:
+    """Cancel a run that has not finished; False if it already had.
+
+    Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
+    for a reason or ``by`` the event store would refuse.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidArgument("cancel_run() needs a reason (a non-empty string)")
+    problem = text_problem(reason)
+    if problem:
+        raise InvalidArgument(f"reason {problem}")
+    check_by(by)
+    joins_callers_transaction("cancel_run")
+    return _append_to_run(
+        run_id,
+        lambda run: run.status not in SETTLED_STATUSES,
+        et.RUN_CANCELLED,
+        lambda run: {"workflow_name": run.workflow_name, "reason": reason[:1000], "by": by or ""},
+        by,
+    )
+
+
+def wake_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+    """Make a waiting run due now; False if it is not waiting.
+
+    Raises :class:`RunNotFound` for an unknown id, :class:`InvalidArgument`
+    for a ``by`` the event store would refuse.
+    """
+    check_by(by)
+    joins_callers_transaction("wake_run")
+    return _append_to_run(
+        run_id,
+        lambda run: run.status == RunStatus.WAITING,
+        et.WAKE_REQUESTED,
+        lambda run: {"workflow_name": run.workflow_name, "step": run.step, "by": by or ""},
+        by,
+    )
+
+
+def rerun_refusal(run: WorkflowRun) -> str | None:
+    """Why :func:`rerun_run` would refuse ``run`` as read, or None: what the run page offers."""
+    try:
+        _rerun_basis(run)
+    except RunNotRerunnable as exc:
+        return str(exc)
+    return None
+
+
+def _rerun_basis(run: WorkflowRun) -> tuple[Workflow, Event]:
+    """The definition a rerun of ``run`` runs on and the failure it starts from.
+
+    Raises :class:`RunNotRerunnable` when the run is not failed, it failed
+    before its first step (a failure records where a rerun starts as
+    "retry_from"), or its version is no longer declared or was edited at or
+    before that step: the rule a resume follows (an edit after it keeps the
+    run, which the resume moves onto the edited definition).
+    """
+    if run.status != RunStatus.FAILED:
+        raise RunNotRerunnable(f"run {run.run_id} is {run.status}, not failed")
+    failed = (
+        Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id, type=et.RUN_FAILED)
+        .order_by("-version")
+        .first()
+    )
+    if failed is None or failed.payload.get("retry_from") is None:
+        raise RunNotRerunnable(f"run {run.run_id} failed before its first step could run")
+    workflow, problem = deploys.compatible(
+        run.workflow_name,
+        run.workflow_version,
+        run.definition_fingerprint,
+        failed.payload["retry_from"],
+        deploys.run_prints(run.tenant_id, run.run_id, run.definition_fingerprint),
+    )
+    if workflow is None:
+        raise RunNotRerunnable(f"run {run.run_id} cannot be rerun, its workflow changed: {problem}")
+    return workflow, failed
+
+
+def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+    """Run a failed run again from where its failed attempt began.
+
+    The steps of that attempt were rolled back with the failure, so they run
+    again. A run that failed resuming a suspension (its version was not
+    declared, an event it needs was gone, the resume raised on every pass)
+    resumes that suspension as it was instead: a wait keeps its deadline
+    (one already passed resumes at once), a ``wait_for_event`` its timeout
+    and its match, and an event that arrived meanwhile is looked back for
+    as when it suspended. A definition edited only after that step keeps
+    the run, as at a resume. Raises :class:`RunNotRerunnable` when the run
+    is not failed or its version is gone or was edited at or before that
+    step, :class:`InvalidArgument` for a ``by`` the event store would refuse.
+    """
+    check_by(by)
+    joins_callers_transaction("rerun_run")
+    run = find_run(run_id)
+    workflow, failed = _rerun_basis(run)
+    rerun_from = failed.payload["retry_from"]
+    version = workflow.version
+    # Written by failures at a suspension's resume (absent from older ones).
+    suspension = failed.payload.get("suspension")
+    kept = {"suspension": suspension} if suspension else {}
+
+    def payload(current: WorkflowRun) -> dict[str, Any]:
+        return {
+            "step": rerun_from,
+            "workflow_name": current.workflow_name,
+            "workflow_version": version,
+            "definition_fingerprint": current.definition_fingerprint,
+            "trigger_event_id": current.trigger_event_id,
+            "state": failed.payload.get("state") or {},
+            "by": by or "",
+            **kept,
+        }
+
+    def look_back(current: WorkflowRun) -> None:
+        # A wait for an event, resumed: an event appended while the run was
+        # failed ends it, found as when the wait first suspended.
+        wake_by_look_back(current.tenant_id, current.run_id)
+        suspended_on_event(current.tenant_id, current.run_id)
+
+    waits = bool(suspension) and suspension.get("suspension_type") == SuspensionType.EVENT
+    return _append_to_run(
+        run.run_id,
+        lambda current: current.status == RunStatus.FAILED,
+        et.RERUN_REQUESTED,
+        payload,
+        by,
+        then=look_back if waits else None,
+    )
+
+
+def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
+    """Deprecated: the old name of :func:`rerun_run`, which it calls."""
+    warnings.warn(
+        "kumiko_workflows.retry_run is deprecated; use rerun_run",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return rerun_run(run_id, by=by)

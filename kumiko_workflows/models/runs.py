@@ -1,0 +1,107 @@
+"""The runs' status table, ``WorkflowRun`` (one row per run), a projection of the run streams.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    WAITING = "waiting", "waiting"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+SETTLED_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class SuspensionType(models.TextChoices):
+    WAIT = "wait", "wait"
+    EVENT = "event", "wait for event"
+    RETRY = "retry", "retry backoff"
+    RERUN = "rerun", "rerun after failure"
+    QUEUED = "queued", "queued to start"
+
+
+class WorkflowRunQuerySet(models.QuerySet):
+    def failed(self) -> WorkflowRunQuerySet:
+        return self.filter(status=RunStatus.FAILED)
+
+    def for_tenant(self, tenant_id: str | None) -> WorkflowRunQuerySet:
+        return self if tenant_id is None else self.filter(tenant_id=tenant_id)
+
+
+class WorkflowRun(models.Model):
+    """The status of one run, projected from its event stream.
+
+    Every column but ``last_error`` is a pure function of the run's events.
+    ``last_error`` holds the raw text of the latest step error: it is kept out
+    of the immutable events on purpose and survives a rebuild.
+    """
+
+    run_id = models.UUIDField(primary_key=True)
+    tenant_id = models.CharField(max_length=100)
+    workflow_name = models.CharField(max_length=200)
+    workflow_version = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The version of the workflow the run resumes on: the one it started on, "
+        "or was moved to. Empty: started before runs recorded their version.",
+    )
+    idempotency_key = models.CharField(max_length=500, blank=True, default="")
+    search_key = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="What the admin's search finds the run by: the workflow's search_key(event), "
+        "else its idempotency key.",
+    )
+    status = models.CharField(max_length=16, choices=RunStatus.choices)
+    step = models.CharField(max_length=200, blank=True, default="")
+    suspension_type = models.CharField(
+        max_length=16, choices=SuspensionType.choices, blank=True, default=""
+    )
+    wake_at = models.DateTimeField(null=True, blank=True)
+    awaited_event_type = models.CharField(max_length=200, blank=True, default="")
+    retry_attempt = models.PositiveIntegerField(default=0)
+    failure_reason = models.CharField(max_length=64, blank=True, default="")
+    error_class = models.CharField(max_length=200, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    definition_fingerprint = models.CharField(max_length=64)
+    trigger_event_id = models.BigIntegerField(null=True, blank=True)
+    version = models.PositiveIntegerField(help_text="Stream version of the last event seen.")
+    started_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkflowRunQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant_id", "status", "updated_at"], name="kw_run_tenant_status"),
+            models.Index(fields=["tenant_id", "workflow_name"], name="kw_run_tenant_workflow"),
+            # The runs an event started (the admin's link from an event to its runs).
+            models.Index(fields=["tenant_id", "trigger_event_id"], name="kw_run_trigger_event"),
+            # The admin's search by business key. It leads with the key, not
+            # tenant_id: a superuser searches across tenants, and an index led
+            # by tenant_id could not serve that. Runs without a key cost nothing.
+            models.Index(
+                fields=["search_key", "tenant_id"],
+                condition=~Q(search_key=""),
+                name="kw_run_search_key",
+            ),
+        ]
+        permissions = [
+            ("wake_workflowrun", "Can wake a waiting workflow run now"),
+            ("cancel_workflowrun", "Can cancel a workflow run"),
+            ("rerun_workflowrun", "Can rerun a failed workflow run"),
+            # Cron schedules have no table of their own: their permissions live here.
+            ("pause_schedule", "Can pause and resume a cron schedule"),
+            ("fire_schedule", "Can fire a cron schedule now"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.run_id} ({self.status})"

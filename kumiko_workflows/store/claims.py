@@ -1,0 +1,238 @@
+"""Claiming due pending rows: the worker's hottest statement, and which tenants have due rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db.backends.utils import CursorWrapper
+
+from kumiko_workflows.models import (
+    Event,
+    WorkflowRunPending,
+)
+from kumiko_workflows.store.cursors import hot_cursor
+from kumiko_workflows.store.db import chains_writes, engine
+from kumiko_workflows.store.distribution import distributed
+from kumiko_workflows.store.statement_cache import _instance_of, statement
+
+#: The workflows a worker claims runs of (None: every workflow): ``resume_due_runs
+#: --queue`` limits a worker to some task queues' workflows (kumiko_workflows.tasks).
+claim_only: ContextVar[tuple[str, ...] | None] = ContextVar("kumiko_claim_only", default=None)
+
+
+@contextmanager
+def claiming_only(workflow_names: Sequence[str] | None) -> Iterator[None]:
+    """Claim only runs of ``workflow_names`` inside the block (None: every workflow)."""
+    token = claim_only.set(None if workflow_names is None else tuple(sorted(workflow_names)))
+    try:
+        yield
+    finally:
+        claim_only.reset(token)
+
+
+def claim_due(
+    tenant_id: str, now: datetime, passed_over: set[int], leaving: Collection[str] = ()
+) -> tuple[WorkflowRunPending, Event | None] | None:
+    """Take the tenant's next due pending row that nobody holds (oldest first), or None.
+
+    The row is deleted as it is taken (a resume ends its suspension) and
+    returned with its run's trigger event (None if that event is gone): on
+    PostgreSQL one statement, the worker's hottest, locking the row with
+    ``FOR UPDATE SKIP LOCKED`` so racing workers never take the same one; on
+    SQLite, whose one writer at a time needs no lock, a read and a delete.
+    Built once per shape (no ORM compilation per claim). ``passed_over``
+    rows (errors in this pass) are not taken again, nor rows of the
+    ``leaving`` definitions (newer code than this process's: see
+    :mod:`kumiko_workflows.engine.deploys`).
+    """
+    skip = sorted(passed_over)
+    foreign = sorted(leaving)
+    only = claim_only.get() or ()
+    pending, event = WorkflowRunPending._meta, Event._meta
+    width = len(pending.concrete_fields)
+    chained = chains_writes()
+
+    def build() -> str:
+        ops = engine().ops
+        table = ops.quote_name(pending.db_table)
+        pending_fields, event_fields = pending.concrete_fields, event.concrete_fields
+        row_columns = ", ".join(f"c.{ops.quote_name(str(f.column))}" for f in pending_fields)
+        returned = ", ".join(ops.quote_name(str(f.column)) for f in pending_fields)
+        event_columns = ", ".join(f"e.{ops.quote_name(str(f.column))}" for f in event_fields)
+        alias = "" if chained else "c."
+        where = f"{alias}tenant_id = %s AND {alias}wake_at <= %s"
+        if skip:
+            where += f" AND {alias}id NOT IN ({', '.join(['%s'] * len(skip))})"
+        if foreign:
+            marks = ", ".join(["%s"] * len(foreign))
+            where += f" AND {alias}definition_fingerprint NOT IN ({marks})"
+        if only:
+            where += f" AND {alias}workflow_name IN ({', '.join(['%s'] * len(only))})"
+        if chained:
+            # Every table named with the tenant as a value, the DELETE's too:
+            # one shard's statement on Citus (its planner routes a statement
+            # by the distribution column's values, not by a join's).
+            join = (
+                f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+                "ON e.id = c.trigger_event_id AND e.tenant_id = %s"
+            )
+            return (
+                f"WITH c AS (DELETE FROM {table} WHERE tenant_id = %s AND id = ("  # noqa: S608
+                f"SELECT id FROM {table} WHERE {where} ORDER BY wake_at, id LIMIT 1 "
+                f"FOR UPDATE SKIP LOCKED) RETURNING {returned}) "
+                f"SELECT {row_columns}, {event_columns} FROM c {join}"
+            )
+        join = (
+            f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+            "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
+        )
+        return (
+            f"SELECT {row_columns}, {event_columns} FROM {table} c {join} "  # noqa: S608
+            f"WHERE {where} ORDER BY c.wake_at, c.id LIMIT 1"
+        )
+
+    sql = statement(("claim_due", len(skip), len(foreign), len(only)), build)
+    params: list[Any] = [tenant_id, now, *skip, *foreign, *only]
+    with hot_cursor() as cursor:
+        if not chained:
+            _take_write_lock(cursor)
+        cursor.execute(sql, [tenant_id, *params, tenant_id] if chained else params)
+        found = cursor.fetchone()
+        if found is not None and not chained:
+            delete = statement(
+                ("claim_due_delete",),
+                lambda: (
+                    f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
+                    "WHERE id = %s"
+                ),
+            )
+            cursor.execute(delete, [found[0]])
+    if found is None:
+        return None
+    row = _instance_of(WorkflowRunPending, found[:width])
+    trigger = None if found[width] is None else _instance_of(Event, found[width:])
+    return row, trigger
+
+
+def _take_write_lock(cursor: CursorWrapper) -> None:
+    """Take SQLite's write lock now, with a write that touches no row.
+
+    A transaction that reads first and writes later cannot wait for the lock
+    another process's write holds: SQLite fails it at once with "database is
+    locked" (waiting could deadlock). Taking the lock first waits instead,
+    up to the connection's ``timeout``. (Once it is held, this is a no-op.)
+    """
+    cursor.execute(
+        statement(
+            ("write_lock",),
+            lambda: (
+                f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
+                "WHERE id = -1"
+            ),
+        )
+    )
+
+
+def due_tenants(now: datetime) -> list[str]:
+    """Tenants that have at least one due row: :func:`due_backlog`, each counted up to 1."""
+    return [tenant for tenant, due in due_backlog(now, 1) if due]
+
+
+def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """Due pending rows per tenant that has pending rows, each counted up to ``cap``.
+
+    A loose index scan on ``kw_pending_due`` (tenant_id, wake_at) finds the
+    tenants, one index probe each however many rows they have; each tenant's
+    count reads only its due range of the index, never its rows due later.
+    The worker asks which tenants have due rows (``cap`` 1); the due-backlog
+    gauge (:mod:`kumiko_workflows.telemetry`) how many. Distributed (Citus),
+    the same scan runs in each shard (:func:`_due_backlog_per_shard`).
+    """
+    if distributed():
+        return _due_backlog_distributed(now, cap)
+
+    def build() -> str:
+        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
+        return _backlog_sql(table, "%s", "%s")
+
+    with engine().cursor() as cursor:
+        cursor.execute(statement(("due_backlog",), build), [now, cap])
+        return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+
+
+def _backlog_sql(table: str, now: str, cap: str) -> str:
+    """The backlog's loose index scan over ``table`` (``now``, ``cap``: SQL for the values)."""
+    return f"""
+            WITH RECURSIVE tenants(tenant_id) AS (
+                SELECT MIN(tenant_id) FROM {table}
+                UNION ALL
+                SELECT (SELECT MIN(p.tenant_id) FROM {table} p WHERE p.tenant_id > t.tenant_id)
+                FROM tenants t WHERE t.tenant_id IS NOT NULL
+            )
+            SELECT t.tenant_id, (
+                SELECT COUNT(*) FROM (
+                    SELECT 1 FROM {table} d
+                    WHERE d.tenant_id = t.tenant_id AND d.wake_at <= {now} LIMIT {cap}
+                ) due
+            )
+            FROM tenants t WHERE t.tenant_id IS NOT NULL
+        """  # noqa: S608 - the table name comes from the model; values are parameters
+
+
+def _due_backlog_grouped(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """:func:`due_backlog` as one grouped count (Citus pushes it down to each shard)."""
+
+    def build() -> str:
+        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
+        return (
+            "SELECT tenant_id, LEAST(COUNT(*) FILTER (WHERE wake_at <= %s), %s) "  # noqa: S608
+            f"FROM {table} GROUP BY tenant_id ORDER BY tenant_id"
+        )
+
+    with engine().cursor() as cursor:
+        cursor.execute(statement(("due_backlog_grouped",), build), [now, cap])
+        return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+
+
+def _due_backlog_distributed(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """:func:`due_backlog` on distributed tables (Citus): the same scan in every shard.
+
+    Citus refuses a recursive query over a distributed table unless it
+    names one shard, so the loose index scan runs in each shard of the
+    pending table (``run_command_on_shards``, in parallel, each returning
+    its tenants as JSON); a tenant lives in one shard, so nothing is
+    counted twice. The instant and the cap are written into the command as
+    literals, from a datetime and an int only.
+
+    ``run_command_on_shards`` works on connections of its own, which cannot
+    see what the caller's open transaction wrote: inside one, a grouped
+    count that Citus pushes down to every shard answers instead (it reads
+    each pending row, not only the due range).
+    """
+    if engine().in_atomic_block:
+        return _due_backlog_grouped(now, cap)
+    if not isinstance(now, datetime) or isinstance(cap, bool) or not isinstance(cap, int):
+        raise TypeError("due_backlog takes a datetime and an int")
+    instant = now.astimezone(UTC).isoformat()  # digits, '-', ':', '.', '+', 'T' only
+    scan = _backlog_sql("%1$s", f"'{instant}'::timestamptz", str(int(cap)))
+    command = (
+        "WITH backlog(tenant_id, due) AS ("  # noqa: S608 - a model's table, literals checked
+        f"{scan}) SELECT COALESCE(json_agg(json_build_array(tenant_id, due)), '[]') FROM backlog"
+    )
+    table = WorkflowRunPending._meta.db_table
+    rows: list[tuple[str, int]] = []
+    with engine().cursor() as cursor:
+        cursor.execute(
+            "SELECT success, result FROM run_command_on_shards(%s::regclass, %s)", [table, command]
+        )
+        for success, result in cursor.fetchall():
+            if not success:
+                raise RuntimeError(f"the due backlog could not be read from a shard: {result}")
+            rows.extend((str(tenant), int(due)) for tenant, due in json.loads(result))
+    return sorted(rows)

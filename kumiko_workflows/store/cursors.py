@@ -1,0 +1,191 @@
+"""The hot statements' cursor: kept open on the connection, preparing what it runs again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
+
+from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.store.db import engine, settings_generation
+
+logger = logging.getLogger("kumiko_workflows.db")
+
+try:
+    import psycopg
+except ImportError:  # a site on SQLite need not have it
+    psycopg = None  # type: ignore[assignment]
+
+
+@contextmanager
+def hot_cursor(db: BaseDatabaseWrapper | None = None) -> Iterator[CursorWrapper]:
+    """A cursor for a hot statement on ``db`` (default: the engine's); see :func:`_kept_cursor`."""
+    cursor, kept = _kept_cursor(db or engine())
+    try:
+        yield cursor
+    finally:
+        if not kept:
+            cursor.close()
+
+
+def _kept_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
+    """Django's cursor for the hot statements on ``db``, and whether it is kept open.
+
+    The hot statements are the ones run per append and per resumed run: the
+    appends' inserts, the worker's claim and the projections' row writes.
+    Opening and closing a cursor per statement cost about a tenth of an
+    append. The cursor is wrapped as Django wraps its own (execute wrappers,
+    query logging and error translation all apply), kept on the connection
+    wrapper while the driver connection, the query logging and the settings
+    it was made for stay the same. Where :func:`prepares` says so, and
+    queries are not being logged (``DEBUG``, ``assertNumQueries``: the log
+    shows each statement with its values, which a prepared one does not
+    give), it prepares what it runs again (:class:`_PreparingCursor`).
+    Every call still does what ``db.cursor()`` does before it opens one:
+    the health check, connecting (which refuses in async code and where
+    tests block the database) and the thread check. A connection whose
+    ``cursor`` is wrapped on the instance (the debug toolbar, a tracer, a
+    test forbidding queries) or that threads share gets Django's plain
+    cursor each time, closed after use.
+    """
+    attributes = vars(db)
+    if "cursor" in attributes or db.allow_thread_sharing:
+        return db.cursor(), False
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    logged = db.queries_logged
+    made_for = (db.connection, logged, settings_generation())
+    kept = attributes.get("_kumiko_kept_cursor")
+    if kept is not None and kept[0] == made_for:
+        return kept[1], True
+    if prepares(db) and not logged:
+        cursor = db.make_cursor(_PreparingCursor(db.connection))
+    else:
+        cursor = db.cursor()
+    attributes["_kumiko_kept_cursor"] = (made_for, cursor)
+    return cursor, True
+
+
+def prepares(db: BaseDatabaseWrapper) -> bool:
+    """Whether the hot statements are prepared on ``db``'s connection.
+
+    On PostgreSQL through psycopg 3, unless ``PREPARED_STATEMENTS`` is off
+    or the database is set up for a transaction-pooling PgBouncer
+    (``DISABLE_SERVER_SIDE_CURSORS``, as Django documents for it), which
+    could hand a prepared statement's next run to a server connection that
+    does not know it.
+    """
+    return (
+        psycopg is not None
+        and isinstance(db.connection, psycopg.Connection)
+        and bool(workflow_settings.PREPARED_STATEMENTS)
+        and not db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    )
+
+
+#: psycopg 3's cursor, where it is installed (a site on SQLite need not have it).
+_DriverCursor: Any = object if psycopg is None else psycopg.Cursor
+
+
+class _PreparingCursor(_DriverCursor):
+    """A psycopg cursor that binds on the server and prepares a statement it runs again.
+
+    A statement's first run on a connection is sent as it is; from its
+    second on, it is prepared there once (psycopg keeps the names, and
+    drops them all after a rollback or DDL) and then only executed, which
+    skips the parse and, once PostgreSQL settles on a generic plan after
+    five runs, the planning: most of a hot statement's server time. A
+    statement run once per connection (a web request's one append on a
+    fresh connection) costs no extra round trip.
+
+    psycopg prepares nothing on a connection whose ``prepare_threshold`` is
+    None, Django's default (its own cursors bind on the client and never
+    prepare): the first of these cursors on such a connection sets it to a
+    count no statement reaches, so that still only what these cursors ask
+    for is prepared.
+
+    A pooler that does not keep prepared statements with their session
+    (PgBouncer before 1.21 in transaction mode) shows itself by refusing
+    one: "prepared statement "_pg3_0" already exists" (another client's, on
+    the server connection this transaction got) or "... does not exist"
+    (ours is on another). The first such refusal on a connection turns
+    preparing off on it for good, with one warning per process naming the
+    setting; the statement is then sent again unprepared where nothing was
+    lost, that is, outside a transaction block. Inside one, the refused
+    statement has aborted the transaction, which only a savepoint taken
+    before it could have saved, and one before every prepared run would
+    cost every site a subtransaction per statement: the error propagates,
+    and :func:`lost_prepared_statement` tells it apart, for the engine's
+    appends to run again at their own savepoint.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        if connection.prepare_threshold is None:
+            connection.prepare_threshold = _NEVER
+        super().__init__(connection)
+        self._seen: set[Any] = set()
+        self.preparing = True
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
+    ) -> Any:
+        seen = query in self._seen
+        if not seen:
+            self._seen.add(query)
+        if not self.preparing:
+            prepare = False
+        elif prepare is None:
+            prepare = seen
+        if not prepare:
+            return super().execute(query, params, prepare=prepare, **kwargs)
+        try:
+            return super().execute(query, params, prepare=True, **kwargs)
+        except _POOLER_REFUSALS as exc:
+            self._stop_preparing(exc)
+            if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                raise
+        return super().execute(query, params, prepare=False, **kwargs)
+
+    def _stop_preparing(self, exc: Exception) -> None:
+        global _warned_about_pooler
+        self.preparing = False
+        if not _warned_about_pooler:
+            _warned_about_pooler = True
+            logger.warning(
+                "the database refused a prepared statement (%s): a pooler in transaction "
+                "mode? Nothing more is prepared on this connection; set "
+                "KUMIKO_WORKFLOWS['PREPARED_STATEMENTS'] = False (or DATABASES "
+                "DISABLE_SERVER_SIDE_CURSORS = True) for such a pooler",
+                str(exc).strip(),
+            )
+
+
+#: What a pooler that loses prepared statements makes the server say (see
+#: :class:`_PreparingCursor`).
+_POOLER_REFUSALS: tuple[type[Exception], ...] = (
+    ()
+    if psycopg is None
+    else (psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)
+)
+
+#: Whether this process has said once that a pooler refused a prepared statement.
+_warned_about_pooler = False
+
+
+def lost_prepared_statement(exc: BaseException) -> bool:
+    """Whether ``exc`` (as Django raised it) is a pooler's refusal of a prepared statement.
+
+    The connection prepares nothing more (:class:`_PreparingCursor`), so
+    the work whose transaction (or savepoint) it aborted can run again.
+    """
+    return isinstance(exc, _POOLER_REFUSALS) or isinstance(exc.__cause__, _POOLER_REFUSALS)
+
+
+#: A prepare threshold no statement reaches (see :class:`_PreparingCursor`).
+_NEVER = 2**62

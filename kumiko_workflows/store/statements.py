@@ -1,0 +1,327 @@
+"""The other raw statements: wait look-ups, projection rows, retention, outbox, deployments.
+
+Wait look-ups, the projections' row writes, retention (purged runs), the run
+signals' outbox and the deployed definitions.
+
+Each is one the ORM cannot say well (a loose index scan, a chained write, a
+delete ``Event`` refuses through the ORM), built once per shape through the
+statement cache, with identifiers quoted and values as parameters only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from kumiko_workflows.models import (
+    DeployedDefinition,
+    Event,
+    PurgedRun,
+    SignalDelivery,
+    WorkflowRun,
+    WorkflowRunPending,
+    WorkflowWaitKey,
+)
+from kumiko_workflows.store.cursors import hot_cursor
+from kumiko_workflows.store.db import _now_sql, engine
+from kumiko_workflows.store.distribution import distributed
+from kumiko_workflows.store.statement_cache import _instance_of, statement
+from kumiko_workflows.workflow.event_types import RUN_AGGREGATE_TYPE
+
+
+def wait_paths(tenant_id: str, event_type: str) -> list[str]:
+    """The distinct payload paths waits of the tenant use for ``event_type``.
+
+    A loose index scan over ``kw_waitkey_lookup``: one index probe per
+    distinct path, however many runs wait. Each probe is spelled as the
+    ordered ``LIMIT 1`` it is, not ``MIN(path)``: on a table never analysed
+    PostgreSQL plans ``MIN`` as an aggregate over every key of the event
+    type (design rule 12).
+    """
+    table = engine().ops.quote_name(WorkflowWaitKey._meta.db_table)
+    sql = f"""
+        WITH RECURSIVE paths(path) AS (
+            SELECT (
+                SELECT k.path FROM {table} k WHERE k.tenant_id = %s AND k.event_type = %s
+                ORDER BY k.path LIMIT 1
+            )
+            UNION ALL
+            SELECT (
+                SELECT k.path FROM {table} k
+                WHERE k.tenant_id = %s AND k.event_type = %s AND k.path > p.path
+                ORDER BY k.path LIMIT 1
+            )
+            FROM paths p WHERE p.path IS NOT NULL
+        )
+        SELECT path FROM paths WHERE path IS NOT NULL
+    """  # noqa: S608 - the table name comes from the model; values are parameters
+    params: list[Any] = [tenant_id, event_type, tenant_id, event_type]
+    with engine().cursor() as cursor:
+        cursor.execute(sql, params)
+        return [path for (path,) in cursor.fetchall()]
+
+
+def keyed_events(
+    tenant_id: str,
+    event_type: str,
+    after_id: int,
+    offers: Sequence[Any],
+    *,
+    until: datetime | None,
+    taken: Sequence[int],
+    engine_types: Sequence[str],
+) -> Iterator[Event]:
+    """Domain events of the tenant after ``after_id`` whose payload contains one of ``offers``.
+
+    The keyed look-back (PostgreSQL): the candidates come from the payload's
+    GIN index (``kw_event_payload_gin``, whose predicate ``engine_types``
+    repeats) alone, in a ``MATERIALIZED`` query of their own, and only then
+    are they narrowed to the tenant, the type, the range and the excluded
+    ids, and ordered. A planner without statistics (a table never analysed)
+    takes any btree condition it is offered beside the containment, as the
+    driving index (``kw_event_tenant_type_id``: every event of the type
+    since ``after_id``) or ANDed to the GIN's bitmap (every event of the
+    tenant), however few events contain the keys (design rule 12). So the
+    tenant is checked on the candidates, not in the index: a key value many
+    tenants' payloads share costs those candidates too (not a single-shard
+    statement on Citus). Yields them in id order.
+    """
+    conn = engine()
+    ops = conn.ops
+    sharded = distributed()
+    shape = (len(offers), until is not None, len(taken), len(engine_types), sharded)
+
+    def build() -> str:
+        table = ops.quote_name(Event._meta.db_table)
+        columns = ", ".join(ops.quote_name(str(f.column)) for f in Event._meta.concrete_fields)
+        contains = " OR ".join(["payload @> %s::jsonb"] * len(offers))
+        excluded = ", ".join(["%s"] * len(engine_types))
+        narrowed = "tenant_id = %s AND type = %s AND id > %s"
+        if until is not None:
+            narrowed += " AND created_at <= %s"
+        if taken:
+            narrowed += f" AND id NOT IN ({', '.join(['%s'] * len(taken))})"
+        # Distributed, the tenant goes inside too: it is what routes the
+        # statement to the tenant's shard, whose candidates are then only
+        # those of the tenants that shard holds.
+        own = " AND tenant_id = %s" if sharded else ""
+        return (
+            f"WITH candidates AS MATERIALIZED (SELECT {columns} FROM {table} "  # noqa: S608
+            f"WHERE ({contains}) AND aggregate_type NOT IN ({excluded}){own}) "
+            f"SELECT {columns} FROM candidates WHERE {narrowed} ORDER BY id"
+        )
+
+    field = Event._meta.get_field("payload")
+    params: list[Any] = [
+        *(field.get_db_prep_value(offer, conn) for offer in offers),
+        *engine_types,
+        *([tenant_id] if sharded else []),
+        tenant_id,
+        event_type,
+        after_id,
+        *([until] if until is not None else []),
+        *taken,
+    ]
+    with conn.cursor() as cursor:
+        cursor.execute(statement(("keyed_events", shape), build), params)
+        while rows := cursor.fetchmany(200):
+            for row in rows:
+                yield _instance_of(Event, row)
+
+
+# --- projections, resuming, operations -----------------------------------------
+
+
+#: A write a projection would make for an event, said ahead (see
+#: ``ProjectionRegistry.folds``): (model, values, where) of an ``UPDATE``.
+Write = tuple[type[Any], dict[str, Any], dict[str, Any]]
+
+
+def rows_statement(
+    model: type[Any],
+    verb: str,
+    values: dict[str, Any],
+    where: dict[str, Any],
+    *,
+    after: str = "",
+) -> tuple[str, list[Any]]:
+    """``UPDATE`` (``verb``) ``model``'s rows matching ``where`` to ``values``, or ``DELETE``.
+
+    ``where`` is field = value, ANDed; ``after``, a name of the ``WITH``
+    query the statement is chained to, makes it apply only if that query
+    returned a row. Every value is a parameter prepared by its field.
+    """
+    conn = engine()
+
+    def build() -> str:
+        ops = conn.ops
+        table = ops.quote_name(model._meta.db_table)
+        condition = " AND ".join(
+            f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in where
+        )
+        if after:
+            condition += f" AND EXISTS (SELECT 1 FROM {ops.quote_name(after)})"  # noqa: S608
+        if verb == "UPDATE":
+            assignments = ", ".join(
+                f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in values
+            )
+            return f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
+        return f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
+
+    sql = statement((model._meta.db_table, verb, tuple(values), tuple(where), after), build)
+    params = [
+        model._meta.get_field(name).get_db_prep_save(value, conn)
+        for name, value in (*values.items(), *where.items())
+    ]
+    return sql, params
+
+
+def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[str, Any]) -> None:
+    """Run :func:`rows_statement`: on the hottest path (a statement per resume) this
+    costs a fraction of the ORM's query building, and a plain DELETE skips the
+    deletion collector a table nothing cascades from does not need."""
+    sql, params = rows_statement(model, verb, values, where)
+    with hot_cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def lock_projection_tables() -> None:
+    """Hold off writers to the projections' tables until the transaction ends (rebuild).
+
+    PostgreSQL locks the tables, in the order the projections write them;
+    SQLite takes its one write lock with a write that touches no row.
+    """
+    conn = engine()
+    if conn.vendor == "postgresql":
+        tables = ", ".join(
+            conn.ops.quote_name(model._meta.db_table)
+            for model in (WorkflowRun, WorkflowRunPending, WorkflowWaitKey)
+        )
+        with conn.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {tables} IN EXCLUSIVE MODE")
+    else:
+        WorkflowRunPending.objects.filter(pk=-1).update(step="")
+
+
+# --- retention (operations/purge, engine/purged_runs) ----------------------
+
+
+def is_purged(tenant_id: str, run_id: Any) -> bool:
+    """Whether a run with this id was purged in this tenant (asked on every run start)."""
+
+    def build() -> str:
+        ops = engine().ops
+        return (
+            f"SELECT 1 FROM {ops.quote_name(PurgedRun._meta.db_table)} "  # noqa: S608
+            f"WHERE {ops.quote_name('tenant_id')} = %s AND {ops.quote_name('run_id')} = %s"
+        )
+
+    conn = engine()
+    with conn.cursor() as cursor:
+        cursor.execute(
+            statement(("is_purged",), build),
+            [tenant_id, PurgedRun._meta.get_field("run_id").get_db_prep_value(run_id, conn)],
+        )
+        return cursor.fetchone() is not None
+
+
+def delete_run_streams(tenant_id: str, run_ids: Sequence[Any]) -> int:
+    """Delete the run streams (``workflow-run`` events) of ``run_ids`` in one tenant.
+
+    The only statement that deletes events: ``Event`` refuses it through the
+    ORM, and only the purge of finished runs calls this. Returns the count.
+    """
+    conn = engine()
+    ops = conn.ops
+    table = ops.quote_name(Event._meta.db_table)
+    sql = (
+        f"DELETE FROM {table} WHERE {ops.quote_name('tenant_id')} = %s "  # noqa: S608
+        f"AND {ops.quote_name('aggregate_type')} = %s "
+        f"AND {ops.quote_name('aggregate_id')} IN ({', '.join(['%s'] * len(run_ids))})"
+    )
+    field = Event._meta.get_field("aggregate_id")
+    params = [tenant_id, RUN_AGGREGATE_TYPE, *(field.get_db_prep_value(r, conn) for r in run_ids)]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+# --- the run signals' outbox (engine/transitions) ----------------------------
+
+
+def add_signal_delivery(event_id: int, tenant_id: str, owner: str) -> None:
+    """Write the delivery row of a run event's signal, in the caller's transaction.
+
+    ``leased_at`` is the column's default: the database's clock.
+    """
+
+    def build() -> str:
+        ops = engine().ops
+        return (
+            f"INSERT INTO {ops.quote_name(SignalDelivery._meta.db_table)} "  # noqa: S608
+            f"({ops.quote_name('event_id')}, {ops.quote_name('tenant_id')}, "
+            f"{ops.quote_name('owner')}) VALUES (%s, %s, %s)"
+        )
+
+    with hot_cursor() as cursor:
+        cursor.execute(statement(("add_signal_delivery",), build), [event_id, tenant_id, owner])
+
+
+def delete_signal_delivery(tenant_id: str, event_id: int) -> None:
+    """Delete a delivery row once its receivers ran (after the commit, in autocommit).
+
+    On PostgreSQL its commit does not wait for the WAL to reach the disk
+    (``synchronous_commit`` off for this one transaction): a delete lost in
+    a server crash only delivers the signal again, which the promise (at
+    least once) allows, and each delivered signal saves a disk flush.
+    """
+    conn = engine()
+    sharded = distributed()
+
+    def build() -> str:
+        sql = (
+            f"DELETE FROM {conn.ops.quote_name(SignalDelivery._meta.db_table)} "  # noqa: S608
+            f"WHERE {conn.ops.quote_name('tenant_id')} = %s "
+            f"AND {conn.ops.quote_name('event_id')} = %s"
+        )
+        if conn.vendor != "postgresql" or sharded:
+            return sql  # (distributed: the WITH query would run apart, on the coordinator)
+        relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+        return f"{relax}{sql} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
+
+    with hot_cursor() as cursor:
+        cursor.execute(
+            statement(("delete_signal_delivery", sharded), build), [tenant_id, event_id]
+        )
+
+
+# --- deployed definitions (engine/deploys) -------------------------------------
+
+
+def register_definitions(rows: Sequence[tuple[str, str, int, dict[str, str]]], by: str) -> None:
+    """Record (fingerprint, workflow, version, step fingerprints) rows not yet known.
+
+    First seen on the database's clock, so instants written by processes on
+    different hosts compare (a row already there keeps its instant).
+    """
+    if not rows:
+        return
+    conn = engine()
+    ops = conn.ops
+    meta = DeployedDefinition._meta
+    # Columns named as the fields are (no db_column).
+    names = ("fingerprint", "workflow_name", "workflow_version", "step_fingerprints")
+    columns = ", ".join(ops.quote_name(name) for name in (*names, "first_seen_by", "first_seen_at"))
+    now = _now_sql(conn, with_params=True)
+    values = ", ".join([f"(%s, %s, %s, %s, %s, {now})"] * len(rows))
+    sql = (
+        f"INSERT INTO {ops.quote_name(meta.db_table)} ({columns}) "  # noqa: S608 - identifiers
+        f"VALUES {values} ON CONFLICT ({ops.quote_name('fingerprint')}) DO NOTHING"
+    )
+    prints = meta.get_field("step_fingerprints")
+    params: list[Any] = []
+    for fingerprint, name, version, step_prints in rows:
+        params += [fingerprint, name, version, prints.get_db_prep_save(step_prints, conn), by]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
