@@ -92,7 +92,7 @@ def citus_problem() -> str | None:
     if not distribution.has_citus():
         return (
             f"the engine's database ({db.described()}) has no citus extension: connect to a "
-            "Citus coordinator (CREATE EXTENSION citus there)"
+            "Citus coordinator, with the extension installed in this database"
         )
     return None
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.db.backends.utils import CursorWrapper
@@ -157,18 +157,23 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
     if distributed():
         return _due_backlog_distributed(now, cap)
 
-    def build() -> str:
-        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
-        return _backlog_sql(table, "%s", "%s")
-
     with engine().cursor() as cursor:
-        cursor.execute(statement(("due_backlog",), build), [now, cap])
+        cursor.execute(statement(("due_backlog",), lambda: _backlog_sql(False)), [now, cap])
         return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
 
 
-def _backlog_sql(table: str, now: str, cap: str) -> str:
-    """The backlog's loose index scan over ``table`` (``now``, ``cap``: SQL for the values)."""
-    return f"""
+def _backlog_sql(per_shard: bool) -> str:
+    """The backlog's loose index scan: over the table, or as the command run in each shard.
+
+    In a shard's command the table is the shard's (``%1$s``, which
+    ``run_command_on_shards`` fills in) and the instant and the cap are
+    ``:now`` and ``:cap`` (which the server replaces by the quoted values);
+    its tenants come back as one JSON array.
+    """
+    table = "%1$s" if per_shard else engine().ops.quote_name(WorkflowRunPending._meta.db_table)
+    now = ":now::timestamptz" if per_shard else "%s"
+    cap = ":cap" if per_shard else "%s"
+    scan = f"""
             WITH RECURSIVE tenants(tenant_id) AS (
                 SELECT MIN(tenant_id) FROM {table}
                 UNION ALL
@@ -183,6 +188,13 @@ def _backlog_sql(table: str, now: str, cap: str) -> str:
             )
             FROM tenants t WHERE t.tenant_id IS NOT NULL
         """  # noqa: S608 - the table name comes from the model; values are parameters
+    if not per_shard:
+        return scan
+    return (
+        "WITH backlog(tenant_id, due) AS ("  # noqa: S608 - the scan above, no value
+        + scan
+        + ") SELECT COALESCE(json_agg(json_build_array(tenant_id, due)), '[]') FROM backlog"
+    )
 
 
 def _due_backlog_grouped(now: datetime, cap: int) -> list[tuple[str, int]]:
@@ -207,8 +219,8 @@ def _due_backlog_distributed(now: datetime, cap: int) -> list[tuple[str, int]]:
     names one shard, so the loose index scan runs in each shard of the
     pending table (``run_command_on_shards``, in parallel, each returning
     its tenants as JSON); a tenant lives in one shard, so nothing is
-    counted twice. The instant and the cap are written into the command as
-    literals, from a datetime and an int only.
+    counted twice. The instant and the cap are parameters, quoted into the
+    command by the server (``quote_literal``), as it sends the command on.
 
     ``run_command_on_shards`` works on connections of its own, which cannot
     see what the caller's open transaction wrote: inside one, a grouped
@@ -217,19 +229,14 @@ def _due_backlog_distributed(now: datetime, cap: int) -> list[tuple[str, int]]:
     """
     if engine().in_atomic_block:
         return _due_backlog_grouped(now, cap)
-    if not isinstance(now, datetime) or isinstance(cap, bool) or not isinstance(cap, int):
-        raise TypeError("due_backlog takes a datetime and an int")
-    instant = now.astimezone(UTC).isoformat()  # digits, '-', ':', '.', '+', 'T' only
-    scan = _backlog_sql("%1$s", f"'{instant}'::timestamptz", str(int(cap)))
-    command = (
-        "WITH backlog(tenant_id, due) AS ("  # noqa: S608 - a model's table, literals checked
-        f"{scan}) SELECT COALESCE(json_agg(json_build_array(tenant_id, due)), '[]') FROM backlog"
-    )
+    command = statement(("due_backlog_per_shard",), lambda: _backlog_sql(True))
     table = WorkflowRunPending._meta.db_table
     rows: list[tuple[str, int]] = []
     with engine().cursor() as cursor:
         cursor.execute(
-            "SELECT success, result FROM run_command_on_shards(%s::regclass, %s)", [table, command]
+            "SELECT success, result FROM run_command_on_shards(%s::regclass, "
+            "replace(replace(%s, ':now', quote_literal(%s::timestamptz)), ':cap', %s::int::text))",
+            [table, command, now, cap],
         )
         for success, result in cursor.fetchall():
             if not success:

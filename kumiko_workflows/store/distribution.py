@@ -103,7 +103,8 @@ def next_event_id() -> int:
     """
 
     def build() -> str:
-        return f"SELECT nextval(pg_get_serial_sequence('{DISTRIBUTION_TABLE}', 'id'))"
+        table = engine().ops.quote_name(Event._meta.db_table)
+        return f"SELECT nextval(pg_get_serial_sequence('{table}', 'id'))"  # noqa: S608
 
     with hot_cursor() as cursor:
         cursor.execute(statement(("next_event_id",), build))
