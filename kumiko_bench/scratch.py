@@ -23,7 +23,7 @@ from types import TracebackType
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import DatabaseError, connection
 
 #: Scratch databases are named ``<configured name>_kbench_<token>``.
 MARKER = "_kbench_"
@@ -53,6 +53,9 @@ class ScratchDatabase:
         else:
             raise CommandError(f"kumiko_bench runs on PostgreSQL or SQLite, not {self.vendor}")
         self.exists = False
+        #: Citus: the worker nodes of the configured database, which the scratch
+        #: database is created on too, and distributed over (see :meth:`renew`).
+        self.citus_workers = self._citus_workers() if self.vendor == "postgresql" else []
 
     def __enter__(self) -> ScratchDatabase:
         return self
@@ -76,8 +79,12 @@ class ScratchDatabase:
             self._server(f"CREATE DATABASE {connection.ops.quote_name(self.name)}")
         # Set before the first statement in it: a failed migrate still drops it.
         self.exists = True
+        if self.citus_workers:
+            self._citus_cluster()
         use_database(self.name)
         call_command("migrate", verbosity=0, interactive=False, run_syncdb=True)
+        if self.citus_workers:
+            call_command("distribute_workflow_tables", verbosity=0)
 
     def drop(self) -> None:
         """Point this process back at the configured database and drop the scratch one."""
@@ -89,6 +96,9 @@ class ScratchDatabase:
             # FORCE: a worker killed a moment ago may not have closed its session yet.
             quoted = connection.ops.quote_name(self.name)
             self._server(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
+            dropping = f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"
+            for host, port in self.citus_workers:
+                self._on_node(host, port, "postgres", dropping)
         else:
             for suffix in ("", "-journal", "-wal", "-shm"):
                 Path(self.name + suffix).unlink(missing_ok=True)
@@ -99,3 +109,57 @@ class ScratchDatabase:
         # uses the same one): CREATE/DROP DATABASE cannot run inside the one dropped.
         with connection._nodb_cursor() as cursor:
             cursor.execute(statement)
+
+    # --- Citus: the scratch database on the coordinator and every worker ----------
+
+    @staticmethod
+    def _citus_workers() -> list[tuple[str, int]]:
+        """The primary worker nodes of the configured database, if it is a Citus coordinator.
+
+        None if that database does not exist (the bench needs only its server).
+        """
+        try:
+            connection.ensure_connection()
+        except DatabaseError:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'citus'")
+            if cursor.fetchone() is None:
+                return []
+            cursor.execute(
+                "SELECT nodename, nodeport FROM pg_dist_node "
+                "WHERE groupid <> 0 AND noderole = 'primary' ORDER BY nodeport"
+            )
+            return [(str(host), int(port)) for host, port in cursor.fetchall()]
+
+    def _citus_cluster(self) -> None:
+        """Create the scratch database on each worker, with Citus everywhere, workers added."""
+        quoted = connection.ops.quote_name(self.name)
+        for host, port in self.citus_workers:
+            self._on_node(host, port, "postgres", f"CREATE DATABASE {quoted}")
+            self._on_node(host, port, self.name, "CREATE EXTENSION citus")
+        settings_dict = connection.settings_dict
+        host = str(settings_dict.get("HOST") or "127.0.0.1")
+        port = int(settings_dict.get("PORT") or 5432)
+        self._on_node(host, port, self.name, "CREATE EXTENSION citus")
+        self._on_node(host, port, self.name, f"SELECT citus_set_coordinator_host('{host}', {port})")
+        for worker_host, worker_port in self.citus_workers:
+            self._on_node(
+                host, port, self.name, f"SELECT citus_add_node('{worker_host}', {worker_port})"
+            )
+
+    @staticmethod
+    def _on_node(host: str, port: int, dbname: str, statement: str) -> None:
+        """Run one statement on a node of the cluster, in its own autocommit session."""
+        import psycopg
+
+        settings_dict = connection.settings_dict
+        with psycopg.connect(
+            host=host,
+            port=port,
+            dbname=dbname,
+            user=settings_dict.get("USER") or None,
+            password=settings_dict.get("PASSWORD") or None,
+            autocommit=True,
+        ) as conn:
+            conn.execute(statement)

@@ -14,6 +14,7 @@ from django.db.migrations.operations import CreateModel
 from kumiko_workflows.conf import DEFAULTS, import_callable, workflow_settings
 from kumiko_workflows.models import OutboxEntry
 from kumiko_workflows.operations.cutoff import retention_problem
+from kumiko_workflows.operations.distribute import undistributed
 from kumiko_workflows.store.event_checks import name_problem
 from kumiko_workflows.store.outbox import aliases
 from kumiko_workflows.store.statements import has_outbox_table
@@ -318,3 +319,32 @@ def _migration_sources(workflow: Any) -> list[checks.CheckMessage]:
                     )
                 )
     return errors
+@checks.register("kumiko_workflows", checks.Tags.database)
+def check_distribution(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W140: the engine's database is a Citus coordinator whose tenant tables are not distributed.
+
+    A database check (``manage.py check --database default``, and
+    ``migrate``'s): it reads the catalog.
+    """
+    alias = workflow_settings.DATABASE
+    if not databases or alias not in databases:
+        return []
+    from django.db import DatabaseError
+
+    try:
+        missing = undistributed()
+    except DatabaseError:
+        return []  # an unreachable database is not this check's to report
+    if not missing:
+        return []
+    return [
+        checks.Warning(
+            f"The database {alias!r} has Citus, but {len(missing)} workflow table(s) are not "
+            f"distributed: {', '.join(missing)}.",
+            hint="Run `manage.py distribute_workflow_tables` (after migrate): until then every "
+            "row lives on the coordinator, and hot statements are not routed to one shard.",
+            id="kumiko_workflows.W140",
+        )
+    ]

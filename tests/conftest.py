@@ -36,6 +36,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> None:
+    """The test database, its workflow tables distributed when ``KUMIKO_DISTRIBUTE`` is set.
+
+    For a run of the suite against a Citus coordinator (with ``--reuse-db``:
+    the coordinator's test database must keep the extension ``setup.sh``
+    put in it); ``tests/test_citus.py`` distributes on its own.
+    """
+    if os.environ.get("KUMIKO_DISTRIBUTE"):
+        from django.core.management import call_command
+
+        with django_db_blocker.unblock():
+            call_command("distribute_workflow_tables", "--shard-count", "8", verbosity=0)
+
+
 @pytest.fixture
 def now():
     return timezone.now()

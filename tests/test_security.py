@@ -320,9 +320,9 @@ SQL_WORDS = re.compile(
     r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|WHERE|LOCK TABLE|CREATE|DROP|ANALYZE|LISTEN|NOTIFY)\b"
 )
 #: How an identifier (never a value) is spelled where it is put into SQL text
-#: (``db._now_sql``: the database clock's expression, a constant per vendor;
-#: ``wait_paths_cte``, ``_scanned_waits``, ``_build_insert``: the database
-#: layer's builders of statement parts, whose own f-strings this test checks).
+#: (``db._now_sql``: the database clock's expression, a constant per vendor; the wake-up
+#: checks' fragments, ``wait_paths_cte``, ``_scanned_waits`` and the append's
+#: ``_build_insert``, built from identifiers and placeholders alone).
 IDENTIFIER_SOURCES = re.compile(
     r"quote_name\(|_meta\.db_table|\bself\.table\(|\bself\.scratch_like\(|\bself\.prefix\b"
     r"|sql\.Identifier\(|\b_now_sql\(|\bwait_paths_cte\(|\b_scanned_waits\(|\b_build_insert\("
@@ -448,6 +448,7 @@ SQL_MODULES = [
         "statements.py",
         "slots.py",
         "wake_checks.py",
+        "distribution.py",
     )
 ]
 

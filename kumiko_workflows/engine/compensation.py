@@ -128,7 +128,7 @@ def schedule(stream: RunStream, workflow: Workflow, ctx: Any, failure: Failure) 
         len(ctx.compensable),
         exc_info=failure.exc,
     )
-    set_last_error(ctx.run_id, failure.detail or failure.message)
+    set_last_error(ctx.tenant_id, ctx.run_id, failure.detail or failure.message)
 
 
 def compensate(
@@ -170,7 +170,7 @@ def compensate(
                 times,
                 exc_info=error,
             )
-            set_last_error(ctx.run_id, detail)
+            set_last_error(ctx.tenant_id, ctx.run_id, detail)
             if attempt < times:
                 base = durations.as_delay(workflow_settings.RETRY_BASE_DELAY)
                 _again(

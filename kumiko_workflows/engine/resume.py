@@ -416,7 +416,7 @@ def _count_unwound(row: WorkflowRunPending, exc: Exception) -> bool:
     with db.atomic():
         held = (
             WorkflowRunPending.objects.select_for_update(skip_locked=True)
-            .filter(pk=row.pk, run_version=row.run_version)
+            .filter(tenant_id=row.tenant_id, pk=row.pk, run_version=row.run_version)
             .exists()
         )
         return held and _resume_raised(row, exc)
@@ -437,7 +437,7 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
     """
     try:
         with db.atomic():
-            WorkflowRunPending.objects.filter(pk=row.pk).update(
+            WorkflowRunPending.objects.filter(tenant_id=row.tenant_id, pk=row.pk).update(
                 resume_errors=F("resume_errors") + 1
             )
         row.resume_errors += 1

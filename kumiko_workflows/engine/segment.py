@@ -305,7 +305,7 @@ class Executor:
             delay.total_seconds(),
             exc_info=failure.exc,
         )
-        set_last_error(self.ctx.run_id, failure.detail)
+        set_last_error(self.ctx.tenant_id, self.ctx.run_id, failure.detail)
 
     def awaited_event(self, awaits_key: str, event_type: str, match: Any) -> Any:
         found = wakeups.look_back(

@@ -121,7 +121,7 @@ def _definition_of(event: Event, *, fingerprint_needed: bool = False) -> tuple[i
     fingerprint = payload.get("definition_fingerprint")
     if version is None or (fingerprint_needed and not fingerprint):
         row = (
-            WorkflowRun.objects.filter(run_id=event.aggregate_id)
+            WorkflowRun.objects.filter(tenant_id=event.tenant_id, run_id=event.aggregate_id)
             .values_list("workflow_version", "definition_fingerprint")
             .first()
         )
@@ -260,7 +260,7 @@ def _deliver(event: Event, sender: Workflow | None) -> None:
                 type(exc).__name__,
                 exc_info=exc,
             )
-    statements.delete_signal_delivery(event.id)
+    statements.delete_signal_delivery(event.tenant_id, event.id)
 
 
 def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
@@ -280,26 +280,40 @@ def deliver_leftovers(limit: int = LEFTOVERS_PER_PASS) -> int:
         return 0
     grace = timedelta(seconds=float(workflow_settings.SIGNAL_REDELIVERY_SECONDS))
     expired = Q(leased_at__lt=Now() - grace)
+    leftover = SignalDelivery.objects.filter(expired | Q(owner__startswith=f"{_HOST}:"))
+    # Found without a lock, across tenants, then locked tenant by tenant: a
+    # lock names its tenant, as every one does (one shard's on Citus).
+    tenants = list(leftover.order_by("tenant_id").values_list("tenant_id", flat=True).distinct())
+    taken: list[int] = []
+    tenant_of: dict[int, str] = {}
+    found: dict[int, Event] = {}
     with db.atomic():
-        candidates = list(
-            SignalDelivery.objects.select_for_update(skip_locked=True)
-            .filter(expired | Q(owner__startswith=f"{_HOST}:"))
-            .annotate(expired=ExpressionWrapper(expired, output_field=BooleanField()))
-            .order_by("event_id")
-            .values_list("event_id", "owner", "expired")[:limit]
-        )
-        taken = [pk for pk, name, old in candidates if old or _owner_gone(name)]
-        events = Event.objects.in_bulk(taken)
-        # A newer run's rows are left as they are, for a worker with its code.
-        taken = [pk for pk in taken if pk not in events or not _newer_code(events[pk])]
-        if not taken:
-            return 0
-        SignalDelivery.objects.filter(event_id__in=taken).update(owner=owner(), leased_at=Now())
+        for tenant_id in tenants:
+            candidates = list(
+                leftover.filter(tenant_id=tenant_id)
+                .select_for_update(skip_locked=True)
+                .annotate(expired=ExpressionWrapper(expired, output_field=BooleanField()))
+                .order_by("event_id")
+                .values_list("event_id", "owner", "expired")[: limit - len(taken)]
+            )
+            mine = [pk for pk, name, old in candidates if old or _owner_gone(name)]
+            events = Event.objects.filter(tenant_id=tenant_id).in_bulk(mine)
+            # A newer run's rows are left as they are, for a worker with its code.
+            mine = [pk for pk in mine if pk not in events or not _newer_code(events[pk])]
+            if mine:
+                SignalDelivery.objects.filter(tenant_id=tenant_id, event_id__in=mine).update(
+                    owner=owner(), leased_at=Now()
+                )
+            taken += mine
+            tenant_of.update((pk, tenant_id) for pk in mine)
+            found.update(events)
+            if len(taken) >= limit:
+                break
     for pk in taken:
-        event = events.get(pk)
+        event = found.get(pk)
         if event is None or event.type not in SIGNALS:
             logger.warning("the signal of event #%s is not delivered: the event is gone", pk)
-            statements.delete_signal_delivery(pk)
+            statements.delete_signal_delivery(tenant_of[pk], pk)
             continue
         logger.info("delivering the signal of event #%s again (%s)", pk, event.type)
         _deliver(event, sender_of(event))

@@ -162,12 +162,18 @@ def migrate_workflow_runs(
     report = MigrationReport(name, from_version, to_version, dry_run=dry_run)
     with db.atomic():
         # Like every writer to a run: its pending row is locked before its stream.
-        rows = list(
-            WorkflowRunPending.objects.for_tenant(tenant_id)
-            .filter(on_source, workflow_name=name)
-            .select_for_update()
-            .order_by("pk")
+        # Locked tenant by tenant (a lock names its tenant: one shard's on Citus).
+        source_rows = WorkflowRunPending.objects.filter(on_source, workflow_name=name)
+        tenants = (
+            [tenant_id]
+            if tenant_id is not None
+            else source_rows.order_by("tenant_id").values_list("tenant_id", flat=True).distinct()
         )
+        rows = [
+            row
+            for tenant in list(tenants)
+            for row in source_rows.filter(tenant_id=tenant).select_for_update().order_by("pk")
+        ]
         per_run = Counter((row.tenant_id, row.run_id) for row in rows)
         refused: Counter[str] = Counter()
         for row in rows:

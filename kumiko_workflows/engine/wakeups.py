@@ -39,6 +39,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
 )
 from kumiko_workflows.store import db, statements, wake_checks
+from kumiko_workflows.store.distribution import distributed
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching
@@ -336,7 +337,7 @@ def children_finished(tenant_id: str, run_id: Any) -> None:
 
 def _leave_check(tenant_id: str, **subject: Any) -> None:
     check = WakeCheck.objects.create(tenant_id=tenant_id, **subject)
-    db.on_commit(lambda: decide_checks([check.pk]), robust=True)
+    db.on_commit(lambda: decide_checks([(tenant_id, check.pk)]), robust=True)
 
 
 def project_wakeup(event: Event, replaying: bool) -> None:
@@ -349,9 +350,14 @@ def project_wakeup(event: Event, replaying: bool) -> None:
     There the check is left with one statement that also says what may
     wait for the event (:func:`wake_checks.record_event_check`), and the rest is
     :func:`after_event_check`. (When this is the event type's only
-    projection, that statement rides in the event's insert instead.)
+    projection, that statement rides in the event's insert instead.) On
+    distributed tables (Citus), whose planner refuses that statement's
+    recursive scan, the check is a plain insert of one shard and the wake-up
+    scans every wait of the event's type in the tenant.
     """
-    if db.overlapping_writers():
+    if distributed():
+        _leave_check(event.tenant_id, event_id=event.id)
+    elif db.overlapping_writers():
         after_event_check(
             event,
             wake_checks.record_event_check(event.tenant_id, event.id, event.type, timezone.now()),
@@ -400,7 +406,7 @@ def _decide_event_checks(checks: list[tuple[int, str, str]]) -> None:
     except Exception:
         logger.exception("wake-up checks %s could not be settled", [c for c, *_ in checks])
         settled = set()
-    rest = [check for check, *_ in checks if check not in settled]
+    rest = [(tenant, check) for check, tenant, _type in checks if check not in settled]
     if rest:
         decide_checks(rest)
 
@@ -424,8 +430,11 @@ def _decide(check: WakeCheck) -> bool:
     return True if event is None else wake_for_event(event)
 
 
-def decide_checks(ids: Iterable[int]) -> int:
-    """Decide the given checks, each in its own transaction; return how many were settled.
+def decide_checks(ids: Iterable[tuple[str, int]]) -> int:
+    """Decide the given checks (tenant, id), each in its own transaction; return how many settled.
+
+    Each is found, locked and deleted by its tenant and id: a statement of
+    one shard on Citus.
 
     A check another process holds is skipped (that process decides it); one
     whose candidates were locked stays for a later pass. Never raises: a
@@ -433,30 +442,32 @@ def decide_checks(ids: Iterable[int]) -> int:
     ``MAX_CHECK_ATTEMPTS`` times.
     """
     settled = 0
-    for pk in ids:
+    for tenant_id, pk in ids:
+        this = WakeCheck.objects.filter(tenant_id=tenant_id, pk=pk)
         try:
             with db.atomic():
-                check = WakeCheck.objects.select_for_update(skip_locked=True).filter(pk=pk).first()
+                check = this.select_for_update(skip_locked=True).first()
                 if check is None:
                     continue
                 if _decide(check):
-                    check.delete()
+                    this.delete()
                     settled += 1
         except Exception:
             logger.exception("wake-up check %s could not be decided", pk)
-            _count_attempt(pk)
+            _count_attempt(this, pk)
     return settled
 
 
-def _count_attempt(pk: int) -> None:
+def _count_attempt(this: Any, pk: int) -> None:
+    """Count a failed decision of the check ``this`` (a queryset of it); drop it at the limit."""
     try:
         with db.atomic():
-            check = WakeCheck.objects.select_for_update().filter(pk=pk).first()
+            check = this.select_for_update().first()
             if check is None:
                 return
             check.attempts += 1
             if check.attempts < MAX_CHECK_ATTEMPTS:
-                check.save(update_fields=["attempts"])
+                this.update(attempts=check.attempts)
                 return
             logger.error(
                 "tenant=%s event=%s run=%s wake-up check dropped after %d failed attempts; "
@@ -466,7 +477,7 @@ def _count_attempt(pk: int) -> None:
                 check.run_id,
                 check.attempts,
             )
-            check.delete()
+            this.delete()
     except Exception:
         logger.exception("wake-up check %s: could not count the failed attempt", pk)
 
@@ -476,4 +487,4 @@ def decide_waiting_checks(tenant_id: str | None = None, limit: int = 1000) -> in
     checks = WakeCheck.objects.order_by("id")
     if tenant_id is not None:
         checks = checks.filter(tenant_id=tenant_id)
-    return decide_checks(list(checks.values_list("pk", flat=True)[:limit]))
+    return decide_checks(list(checks.values_list("tenant_id", "pk")[:limit]))

@@ -93,6 +93,50 @@ def _build_insert(shape: str) -> str:
     return f"{insert} SELECT {placeholders}, {version} WHERE {condition} {conflict}"
 
 
+def sharded_insert_sql(shape: str) -> str:
+    """The append's INSERT on distributed tables (Citus), one shard's statement, for ``shape``.
+
+    The id is a parameter (:func:`next_event_id`), first of all. Where the
+    plain shapes test the stream with a subquery (which Citus can only run
+    through the coordinator), these read the stream's row in the ``FROM``
+    of the insert, naming the tenant, so Citus pushes the whole statement
+    down to the shard:
+
+    - ``after``: the expected version exists in this tenant with this
+      aggregate type (no gap, and the stream's type kept);
+    - ``next``: after the stream's latest event of this aggregate type (no
+      row: the stream is new, has another type, or moved: see the caller);
+    - ``first``: version 1, a plain ``VALUES`` insert. That no other
+      tenant's stream has the id is asked once it is written, by
+      :func:`stream_elsewhere` (a question for every shard, once per stream).
+    """
+    return statement(("sharded_insert", shape), lambda: _build_sharded_insert(shape))
+
+
+def _build_sharded_insert(shape: str) -> str:
+    ops = engine().ops
+    table = ops.quote_name(Event._meta.db_table)
+    columns = ", ".join(ops.quote_name(c) for c in ("id", *EVENT_COLUMNS, "version"))
+    conflict = "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING RETURNING id, version"
+    insert = f"INSERT INTO {table} ({columns})"  # noqa: S608 - identifiers
+    if shape == "first":
+        placeholders = ", ".join(["%s"] * (len(EVENT_COLUMNS) + 2))
+        return f"{insert} VALUES ({placeholders}) {conflict}"
+    # The tenant comes from the row read (p.tenant_id): that is what lets
+    # Citus see the insert and its read on one shard.
+    values = ", ".join(["%s"] * (len(EVENT_COLUMNS) - 1))
+    stream = "p.tenant_id = %s AND p.aggregate_id = %s AND p.aggregate_type = %s"
+    if shape == "after":
+        return (
+            f"{insert} SELECT %s, p.tenant_id, {values}, %s FROM {table} p "  # noqa: S608
+            f"WHERE {stream} AND p.version = %s {conflict}"
+        )
+    return (
+        f"{insert} SELECT %s, p.tenant_id, {values}, p.version + 1 FROM {table} p "  # noqa: S608
+        f"WHERE {stream} ORDER BY p.version DESC LIMIT 1 {conflict}"
+    )
+
+
 def _build_pair(folded: tuple[str, ...]) -> str:
     """Two chained inserts (PostgreSQL): the second only if the first was written."""
     table = engine().ops.quote_name(Event._meta.db_table)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
+from typing import Any
 
 from django.db.backends.utils import CursorWrapper
 
@@ -15,6 +17,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import chains_writes, engine
+from kumiko_workflows.store.distribution import distributed
 from kumiko_workflows.store.statement_cache import _instance_of, statement
 
 #: The workflows a worker claims runs of (None: every workflow): ``resume_due_runs
@@ -83,17 +86,24 @@ def claim_due(
             where += f" AND {alias}definition_fingerprint NOT IN ({marks})"
         if only:
             where += f" AND {alias}workflow_name IN ({', '.join(['%s'] * len(only))})"
-        join = (
-            f"LEFT JOIN {ops.quote_name(event.db_table)} e "
-            "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
-        )
         if chained:
+            # Every table named with the tenant as a value, the DELETE's too:
+            # one shard's statement on Citus (its planner routes a statement
+            # by the distribution column's values, not by a join's).
+            join = (
+                f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+                "ON e.id = c.trigger_event_id AND e.tenant_id = %s"
+            )
             return (
-                f"WITH c AS (DELETE FROM {table} WHERE id = ("  # noqa: S608 - identifiers
+                f"WITH c AS (DELETE FROM {table} WHERE tenant_id = %s AND id = ("  # noqa: S608
                 f"SELECT id FROM {table} WHERE {where} ORDER BY {order} LIMIT 1 "
                 f"FOR UPDATE SKIP LOCKED) RETURNING {returned}) "
                 f"SELECT {row_columns}, {event_columns} FROM c {join}"
             )
+        join = (
+            f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+            "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
+        )
         return (
             f"SELECT {row_columns}, {event_columns} FROM {table} c {join} "  # noqa: S608
             f"WHERE {where} ORDER BY {order} LIMIT 1"
@@ -101,14 +111,20 @@ def claim_due(
 
     shape = (len(skip), len(foreign), len(only))
     ordered = statement(("claim_due", *shape), lambda: build(False))
+    rest: list[Any] = [*skip, *foreign, *only]
+
+    def bound(params: list[Any]) -> list[Any]:
+        # Chained, the DELETE and the join name the tenant too (one shard's).
+        return [tenant_id, *params, tenant_id] if chained else params
+
     with hot_cursor() as cursor:
         if not chained:
             _take_write_lock(cursor)
-        cursor.execute(ordered, [tenant_id, now, now, *skip, *foreign, *only])
+        cursor.execute(ordered, bound([tenant_id, now, now, *rest]))
         found = cursor.fetchone()
         if found is None:
             held = statement(("claim_due_held", *shape), lambda: build(True))
-            cursor.execute(held, [tenant_id, now, *skip, *foreign, *only])
+            cursor.execute(held, bound([tenant_id, now, *rest]))
             found = cursor.fetchone()
         if found is not None and not chained:
             delete = statement(
@@ -163,12 +179,29 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
     tenants, one index probe each however many rows they have; each tenant's
     count reads only its due range of the index, never its rows due later.
     The worker asks which tenants have due rows (``cap`` 1); the due-backlog
-    gauge (:mod:`kumiko_workflows.telemetry`) how many.
+    gauge (:mod:`kumiko_workflows.telemetry`) how many. Distributed (Citus),
+    the same scan runs in each shard (:func:`_due_backlog_per_shard`).
     """
+    if distributed():
+        return _due_backlog_distributed(now, cap)
 
-    def build() -> str:
-        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
-        return f"""
+    with engine().cursor() as cursor:
+        cursor.execute(statement(("due_backlog",), lambda: _backlog_sql(False)), [now, cap])
+        return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+
+
+def _backlog_sql(per_shard: bool) -> str:
+    """The backlog's loose index scan: over the table, or as the command run in each shard.
+
+    In a shard's command the table is the shard's (``%1$s``, which
+    ``run_command_on_shards`` fills in) and the instant and the cap are
+    ``:now`` and ``:cap`` (which the server replaces by the quoted values);
+    its tenants come back as one JSON array.
+    """
+    table = "%1$s" if per_shard else engine().ops.quote_name(WorkflowRunPending._meta.db_table)
+    now = ":now::timestamptz" if per_shard else "%s"
+    cap = ":cap" if per_shard else "%s"
+    scan = f"""
             WITH RECURSIVE tenants(tenant_id) AS (
                 SELECT MIN(tenant_id) FROM {table}
                 UNION ALL
@@ -178,12 +211,63 @@ def due_backlog(now: datetime, cap: int) -> list[tuple[str, int]]:
             SELECT t.tenant_id, (
                 SELECT COUNT(*) FROM (
                     SELECT 1 FROM {table} d
-                    WHERE d.tenant_id = t.tenant_id AND d.wake_at <= %s LIMIT %s
+                    WHERE d.tenant_id = t.tenant_id AND d.wake_at <= {now} LIMIT {cap}
                 ) due
             )
             FROM tenants t WHERE t.tenant_id IS NOT NULL
         """  # noqa: S608 - the table name comes from the model; values are parameters
+    if not per_shard:
+        return scan
+    return (
+        "WITH backlog(tenant_id, due) AS ("  # noqa: S608 - the scan above, no value
+        + scan
+        + ") SELECT COALESCE(json_agg(json_build_array(tenant_id, due)), '[]') FROM backlog"
+    )
+
+
+def _due_backlog_grouped(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """:func:`due_backlog` as one grouped count (Citus pushes it down to each shard)."""
+
+    def build() -> str:
+        table = engine().ops.quote_name(WorkflowRunPending._meta.db_table)
+        return (
+            "SELECT tenant_id, LEAST(COUNT(*) FILTER (WHERE wake_at <= %s), %s) "  # noqa: S608
+            f"FROM {table} GROUP BY tenant_id ORDER BY tenant_id"
+        )
 
     with engine().cursor() as cursor:
-        cursor.execute(statement(("due_backlog",), build), [now, cap])
+        cursor.execute(statement(("due_backlog_grouped",), build), [now, cap])
         return [(tenant, int(count)) for tenant, count in cursor.fetchall()]
+
+
+def _due_backlog_distributed(now: datetime, cap: int) -> list[tuple[str, int]]:
+    """:func:`due_backlog` on distributed tables (Citus): the same scan in every shard.
+
+    Citus refuses a recursive query over a distributed table unless it
+    names one shard, so the loose index scan runs in each shard of the
+    pending table (``run_command_on_shards``, in parallel, each returning
+    its tenants as JSON); a tenant lives in one shard, so nothing is
+    counted twice. The instant and the cap are parameters, quoted into the
+    command by the server (``quote_literal``), as it sends the command on.
+
+    ``run_command_on_shards`` works on connections of its own, which cannot
+    see what the caller's open transaction wrote: inside one, a grouped
+    count that Citus pushes down to every shard answers instead (it reads
+    each pending row, not only the due range).
+    """
+    if engine().in_atomic_block:
+        return _due_backlog_grouped(now, cap)
+    command = statement(("due_backlog_per_shard",), lambda: _backlog_sql(True))
+    table = WorkflowRunPending._meta.db_table
+    rows: list[tuple[str, int]] = []
+    with engine().cursor() as cursor:
+        cursor.execute(
+            "SELECT success, result FROM run_command_on_shards(%s::regclass, "
+            "replace(replace(%s, ':now', quote_literal(%s::timestamptz)), ':cap', %s::int::text))",
+            [table, command, now, cap],
+        )
+        for success, result in cursor.fetchall():
+            if not success:
+                raise RuntimeError(f"the due backlog could not be read from a shard: {result}")
+            rows.extend((str(tenant), int(due)) for tenant, due in json.loads(result))
+    return sorted(rows)

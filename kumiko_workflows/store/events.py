@@ -39,8 +39,13 @@ from kumiko_workflows.models import Event
 from kumiko_workflows.store import appends, cursors, outbox, statements, wake_checks
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.appends import EVENT_COLUMNS
-from kumiko_workflows.store.db import chains_writes
 from kumiko_workflows.store.dispatch import Projection, folded, others_listen_to_post_save, registry
+from kumiko_workflows.store.distribution import (
+    chains_inserts,
+    distributed,
+    next_event_id,
+    stream_elsewhere,
+)
 from kumiko_workflows.store.event_checks import (
     _column_max,
     _counter,
@@ -266,13 +271,16 @@ def _insert(
         shape, params = "after", [*values, expected_version + 1, *previous]
     sql = appends.insert_event_sql(shape)
     projected = registry.handles(event.type)
-    chained = projected and db_statements.chains_writes() and not others_listen_to_post_save()
+    chained = projected and chains_inserts() and not others_listen_to_post_save()
     checked = registry.checked_alone(event.type) if chained else None
     if checked is not None:
         sql = wake_checks.insert_checked_sql(shape)  # the wake-up's check rides in it
         params = wake_checks.checked_params(params, tenant, event.type)
     attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
     pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
+    if distributed():
+        _insert_sharded(db, event, expected_version, values, savepoint=savepoint)
+        return
     # A block with a savepoint of its own (or a transaction) can run again once a
     # pooler's refusal of a prepared statement rolled it back: the connection
     # prepares nothing from then on (store.cursors._PreparingCursor).
@@ -316,6 +324,78 @@ def _write(
         if checked is not None and checked.after_check is not None:
             _id, _version, check, scanned, paths = rows[0]
             checked.after_check(event, (check, list(paths), bool(scanned)))
+    return True
+
+
+def _insert_sharded(
+    db: BaseDatabaseWrapper,
+    event: Event,
+    expected_version: int | None,
+    values: list[Any],
+    *,
+    savepoint: bool,
+) -> None:
+    """:func:`_insert` on distributed tables (Citus): each statement one shard's.
+
+    The id is drawn from the coordinator's sequence first, so ids stay the
+    append order (:func:`kumiko_workflows.store.distribution.next_event_id`). An
+    append after a version, or to the next one, reads the stream's row in
+    the insert itself (:func:`~kumiko_workflows.store.appends.sharded_insert_sql`).
+    A stream's first event is a plain insert of version 1, and only once it
+    is written is every shard asked whether another tenant's stream has the
+    id (in a savepoint, which takes the row back if one has): the one
+    question of an append that is not one shard's, asked once per stream.
+    ``pre_save`` was sent by the caller.
+    """
+    tenant, kind = event.tenant_id, event.aggregate_type
+    aggregate = values[1]
+    projected = registry.handles(event.type)
+    engine_start = expected_version == 0 and kind in ENGINE_STREAMS
+    attempts = _NEXT_VERSION_ATTEMPTS if expected_version is None else 1
+    for _ in range(attempts):
+        event_id = next_event_id()
+        if expected_version:
+            sql = appends.sharded_insert_sql("after")
+            stream = [tenant, aggregate, kind, expected_version]
+            params = [event_id, *values[1:], expected_version + 1, *stream]
+            if _write(db, event, sql, params, projected, savepoint):
+                return
+        else:
+            if expected_version is None:
+                sql = appends.sharded_insert_sql("next")
+                params = [event_id, *values[1:], tenant, aggregate, kind]
+                if _write(db, event, sql, params, projected, savepoint):
+                    return
+            if _write_first(db, event, [event_id, *values, 1], projected, savepoint, engine_start):
+                return
+        refusal = _refusal(event, expected_version)
+        if refusal is not None:
+            raise refusal
+    raise _version_conflict(event, expected_version)
+
+
+def _write_first(
+    db: BaseDatabaseWrapper,
+    event: Event,
+    params: list[Any],
+    projected: bool,
+    savepoint: bool,
+    engine_start: bool,
+) -> bool:
+    """Write a stream's first event (distributed); refuse it if another tenant has the stream.
+
+    An engine stream's id is derived from its tenant, so another tenant's
+    stream with it is its own, as :func:`_refusal` says: not asked.
+    """
+    checked = not engine_start
+    block = db_statements.atomic(savepoint=savepoint or checked)
+    with block:
+        rows = appends.run_insert(appends.sharded_insert_sql("first"), params, db)
+        if not rows:
+            return False
+        if checked and stream_elsewhere(event.tenant_id, params[2]):
+            raise StreamIdentityError(f"stream {event.aggregate_id} belongs to another tenant")
+        _saved(db, event, rows[0], projected)
     return True
 
 
@@ -397,7 +477,7 @@ def append_engine_pair(
     (one, one_texts), (two, two_texts) = prepared
     token = _engine_writing.set(False)  # the projections' appends are not the engine's
     try:
-        if chains_writes():
+        if chains_inserts():
             _insert_pair(db, one, one_texts, two, two_texts, expected_version)
         else:
             _insert(one, expected_version, one_texts, savepoint=False)

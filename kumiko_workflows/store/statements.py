@@ -31,6 +31,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import _now_sql, engine
+from kumiko_workflows.store.distribution import distributed
 from kumiko_workflows.store.statement_cache import _instance_of, statement
 from kumiko_workflows.store.wake_checks import wait_paths_cte
 from kumiko_workflows.workflow.event_types import CALL_AGGREGATE_TYPE, RUN_AGGREGATE_TYPE
@@ -85,7 +86,8 @@ def keyed_events(
     """
     conn = engine()
     ops = conn.ops
-    shape = (len(offers), until is not None, len(taken), len(engine_types))
+    sharded = distributed()
+    shape = (len(offers), until is not None, len(taken), len(engine_types), sharded)
 
     def build() -> str:
         table = ops.quote_name(Event._meta.db_table)
@@ -97,9 +99,13 @@ def keyed_events(
             narrowed += " AND created_at <= %s"
         if taken:
             narrowed += f" AND id NOT IN ({', '.join(['%s'] * len(taken))})"
+        # Distributed, the tenant goes inside too: it is what routes the
+        # statement to the tenant's shard, whose candidates are then only
+        # those of the tenants that shard holds.
+        own = " AND tenant_id = %s" if sharded else ""
         return (
             f"WITH candidates AS MATERIALIZED (SELECT {columns} FROM {table} "  # noqa: S608
-            f"WHERE ({contains}) AND aggregate_type NOT IN ({excluded})) "
+            f"WHERE ({contains}) AND aggregate_type NOT IN ({excluded}){own}) "
             f"SELECT {columns} FROM candidates WHERE {narrowed} ORDER BY id"
         )
 
@@ -107,6 +113,7 @@ def keyed_events(
     params: list[Any] = [
         *(field.get_db_prep_value(offer, conn) for offer in offers),
         *engine_types,
+        *([tenant_id] if sharded else []),
         tenant_id,
         event_type,
         after_id,
@@ -263,7 +270,7 @@ def add_signal_delivery(event_id: int, tenant_id: str, owner: str) -> None:
         cursor.execute(statement(("add_signal_delivery",), build), [event_id, tenant_id, owner])
 
 
-def delete_signal_delivery(event_id: int) -> None:
+def delete_signal_delivery(tenant_id: str, event_id: int) -> None:
     """Delete a delivery row once its receivers ran (after the commit, in autocommit).
 
     On PostgreSQL its commit does not wait for the WAL to reach the disk
@@ -272,19 +279,23 @@ def delete_signal_delivery(event_id: int) -> None:
     least once) allows, and each delivered signal saves a disk flush.
     """
     conn = engine()
+    sharded = distributed()
 
     def build() -> str:
         sql = (
             f"DELETE FROM {conn.ops.quote_name(SignalDelivery._meta.db_table)} "  # noqa: S608
-            f"WHERE {conn.ops.quote_name('event_id')} = %s"
+            f"WHERE {conn.ops.quote_name('tenant_id')} = %s "
+            f"AND {conn.ops.quote_name('event_id')} = %s"
         )
-        if conn.vendor != "postgresql":
-            return sql
+        if conn.vendor != "postgresql" or sharded:
+            return sql  # (distributed: the WITH query would run apart, on the coordinator)
         relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
         return f"{relax}{sql} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
 
     with hot_cursor() as cursor:
-        cursor.execute(statement(("delete_signal_delivery",), build), [event_id])
+        cursor.execute(
+            statement(("delete_signal_delivery", sharded), build), [tenant_id, event_id]
+        )
 
 
 # --- the outbox on the site's databases (store/outbox) -------------------------

@@ -253,9 +253,11 @@ def raised(reason: str, step: str, what: str, exc: BaseException) -> Failure:
 error_recorders: list[Callable[[uuid.UUID], None]] = []
 
 
-def set_last_error(run_id: uuid.UUID, detail: str) -> None:
+def set_last_error(tenant_id: str, run_id: uuid.UUID, detail: str) -> None:
     if detail:
-        WorkflowRun.objects.filter(run_id=run_id).update(last_error=detail[:20_000])
+        WorkflowRun.objects.filter(tenant_id=tenant_id, run_id=run_id).update(
+            last_error=detail[:20_000]
+        )
     for recorder in error_recorders:
         recorder(run_id)
 
@@ -302,5 +304,5 @@ def fail_run(
         failure.message,
         exc_info=failure.exc,
     )
-    set_last_error(stream.run_id, failure.detail or failure.message)
+    set_last_error(stream.tenant_id, stream.run_id, failure.detail or failure.message)
     return event

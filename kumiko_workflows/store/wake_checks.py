@@ -39,11 +39,10 @@ def wait_paths_cte(ops: Any) -> str:
         )"""  # noqa: S608 - the table name comes from the model; values are parameters
 
 
-def _scanned_waits(ops: Any, *, given: bool) -> str:
+def _scanned_waits(ops: Any, given: bool) -> str:
     """SQL true where a scanned wait (a match requiring no equality) waits for the type.
 
-    The tenant and the type are two parameters, or (``given``) the columns
-    of the ``given`` rows of :func:`settle_quiet_checks`.
+    The tenant and the type: the ``given`` CTE's columns, or two parameters.
     """
     table = ops.quote_name(WorkflowRunPending._meta.db_table)
     tenant = "g.tenant_id" if given else "%s"
@@ -55,32 +54,31 @@ def _scanned_waits(ops: Any, *, given: bool) -> str:
     )
 
 
-def _check_sql(shape: Any = None) -> str:
+def _check_sql(shape: str | None) -> str:
     """The statement that leaves an awaited event's check: see :func:`record_event_check`.
 
-    ``shape``: that of the event's insert (:func:`_build_insert`), chained
-    first; the check is then made only if the event was written, and the
+    ``shape``: the event's insert's (:func:`_build_insert`), chained first;
+    the check is then made only if the event was written, and the
     statement returns the event's (id, version) before the rest, or no row.
     """
     ops = engine().ops
-    table = WakeCheck._meta.db_table
-    columns = f"INSERT INTO {ops.quote_name(table)} (tenant_id, event_id, created_at, attempts)"
-    chained = shape is not None
-    source = f"ins AS ({_build_insert(shape)}), " if chained else ""
-    made = (
-        f"{columns} SELECT %s, ins.id, %s, 0 FROM ins"  # noqa: S608 - identifiers
-        if chained
-        else f"{columns} VALUES (%s, %s, %s, 0)"
+    columns = (
+        f"INSERT INTO {ops.quote_name(WakeCheck._meta.db_table)} "
+        "(tenant_id, event_id, created_at, attempts)"
     )
-    head = "ins.id, ins.version, " if chained else ""
-    tail = " FROM ins" if chained else ""
+    if shape is None:
+        source, made, head = "", f"{columns} VALUES (%s, %s, %s, 0)", ""
+    else:
+        source = f"ins AS ({_build_insert(shape)}), "
+        made = f"{columns} SELECT %s, ins.id, %s, 0 FROM ins"  # noqa: S608 - identifiers
+        head = "ins.id, ins.version, "
     return (
         f"WITH RECURSIVE {wait_paths_cte(ops)}, {source}"  # noqa: S608 - identifiers
         f"made AS ({made} RETURNING id) "
-        f"SELECT {head}(SELECT id FROM made), {_scanned_waits(ops, given=False)}, "
-        f"ARRAY(SELECT path FROM paths WHERE path IS NOT NULL ORDER BY path){tail}"
+        f"SELECT {head}(SELECT id FROM made), {_scanned_waits(ops, False)}, "
+        "ARRAY(SELECT path FROM paths WHERE path IS NOT NULL ORDER BY path)"
+        + (" FROM ins" if shape is not None else "")
     )
-
 
 
 def _check_params(tenant_id: str, event_type: str, middle: Sequence[Any]) -> list[Any]:
@@ -164,7 +162,7 @@ def settle_quiet_checks(checks: Sequence[tuple[int, str, str]]) -> set[int]:
             "(SELECT set_config('synchronous_commit', 'off', true)) unflushed), "
             "quiet AS (SELECT g.id FROM given g WHERE NOT EXISTS ("
             f"SELECT 1 FROM {keys} k WHERE k.tenant_id = g.tenant_id AND k.event_type = g.type) "
-            f"AND NOT {_scanned_waits(ops, given=True)}), "
+            f"AND NOT {_scanned_waits(ops, True)}), "
             f"free AS (SELECT c.id FROM {table} c WHERE c.id IN (SELECT id FROM quiet) "
             "FOR UPDATE SKIP LOCKED) "
             f"DELETE FROM {table} c USING free f WHERE c.id = f.id RETURNING c.id"

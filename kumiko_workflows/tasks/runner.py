@@ -287,7 +287,11 @@ def execute(ctx: RunContext) -> Any:
     # a run has none to read, unless the run was rerun (then its attempt in
     # flight counts from 1 again; get_result counts them all).
     previous = (
-        list(TaskAttempt.objects.filter(run_id=ctx.run_id).order_by("attempt", "id"))
+        list(
+            TaskAttempt.objects.filter(tenant_id=ctx.tenant_id, run_id=ctx.run_id).order_by(
+                "attempt", "id"
+            )
+        )
         if ctx.retry_attempt > 1
         else []
     )

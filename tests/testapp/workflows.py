@@ -434,5 +434,24 @@ rate_limited = define_workflow(
         steps.compute("second", hold_a_little),
     ],
 )
+
+
+#: The Citus workload (tests/test_citus.py): a retry that fails once, a wait,
+#: then an awaited event of the run's user, each in the run's own tenant.
+citus_workload = define_workflow(
+    name="t-citus",
+    trigger=on_event("t.citus-start"),
+    idempotency_key=run_key,
+    awaits={"verified": "t.citus-verified"},
+    steps=[
+        steps.retry(
+            times=3, backoff="linear", base_delay="PT0.2S", do=[steps.compute("gate", gate)]
+        ),
+        steps.wait(payload_value("for", "PT0S")),
+        steps.wait_for_event("verified", match=user_match, timeout="P1D"),
+        steps.compute("after", record("after")),
+    ],
+)
+
 # Child runs, fan-out and compensation (tests/test_composition.py).
 from tests.testapp import compose_workflows  # noqa: E402, F401
