@@ -351,7 +351,7 @@ def guarded() -> bool:
     back alone. The engine's own projections raise only when the database
     does, which rolls the batch back like a crash.
     """
-    return projections.foreign_handlers(et.RUN_EVENTS) or others_listen_to_post_save()
+    return projections.foreign_handlers(et.run_events()) or others_listen_to_post_save()
 
 
 def _count_unwound(row: WorkflowRunPending, exc: Exception) -> bool:

@@ -184,9 +184,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
 
     assert record is not None  # checked above
     if path:
-        cursor = Cursor(path, after=record.after, attempt=record.attempt(row))
+        cursor = Cursor(path, after_step=record.resumes_after_step, attempt=record.attempt(row))
     else:  # a rerun of a run that failed after its last step: just complete it
-        cursor = Cursor((len(workflow.steps),), after=False)
+        cursor = Cursor((len(workflow.steps),), after_step=False)
     # A move onto an edited definition is appended on its own: its status write comes first.
     held = moved_from is None
     return run_segment(workflow, stream, ctx, cursor, opening, hold_opening=held), True

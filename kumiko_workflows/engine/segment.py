@@ -106,7 +106,8 @@ class Cursor:
     """Where a segment starts: the step at ``path`` itself (``at``) or after it."""
 
     path: tuple[Any, ...] = ()
-    after: bool = False
+    #: Whether the run continues past the step at ``path`` (a wait resumed) or runs it.
+    after_step: bool = False
     attempt: int = 1
 
 
@@ -125,7 +126,7 @@ class Executor:
         if cursor is None or not cursor.path:
             self._run_list(self.workflow.steps, (), None)
             return
-        if not cursor.after:
+        if not cursor.after_step:
             self._resume_attempt = (cursor.path, cursor.attempt)
         self._run_list(self.workflow.steps, (), cursor)
 
@@ -141,10 +142,10 @@ class Executor:
                 self._run_list(
                     steps[start].arms()[arm],
                     (*prefix, start, arm),
-                    Cursor(rest[1:], cursor.after, cursor.attempt),
+                    Cursor(rest[1:], cursor.after_step, cursor.attempt),
                 )
                 start += 1
-            elif cursor.after:
+            elif cursor.after_step:
                 start += 1
         for index in range(start, len(steps)):
             telemetry.run_step(self, steps[index], (*prefix, index))
@@ -328,7 +329,7 @@ def run_segment(
     start_state = ctx.snapshot()
     if cursor is None or not cursor.path:
         retry_from = "0"
-    elif cursor.after:
+    elif cursor.after_step:
         retry_from = workflow.next_position(path_text(cursor.path))
     else:
         retry_from = path_text(cursor.path)

@@ -125,9 +125,17 @@ def _instant(value: Any) -> str:
         return str(value)
 
 
-def _attempts(payload: dict[str, Any]) -> str:
-    """``"attempt 2 of 3"`` from a payload's ``attempt`` and ``max_attempts``."""
-    return f"attempt {payload.get('attempt')} of {payload.get('max_attempts') or '?'}"
+class _Words:
+    """How the timeline puts a payload's instants and matches (:class:`suspensions.Words`)."""
+
+    def instant(self, value: Any) -> str:
+        return _instant(value)
+
+    def match(self, expression: Any) -> str:
+        return describe_match(expression)
+
+
+_WORDS = _Words()
 
 
 def describe_event(type: str, payload: dict[str, Any]) -> str:
@@ -143,19 +151,11 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
         if get("search_key"):
             text += f", search key {get('search_key')}"
         return text + f"; trigger event #{get('trigger_event_id')}"
-    if type == et.WAITING:
-        return f"waits until {_instant(get('wake_at'))}"
-    if type == et.WAITING_FOR_EVENT:
-        deadline = _instant(get("timeout_at")) if get("timeout_at") else "none"
-        return (
-            f"waits for a {get('event_type')!r} event where {describe_match(get('match'))}; "
-            f"deadline {deadline}"
-        )
-    if type == et.RETRY_SCHEDULED:
-        return (
-            f"{_attempts(payload)} failed with {get('error_class') or get('reason')}; "
-            f"attempt {(get('attempt') or 0) + 1} at {_instant(get('wake_at'))}"
-        )
+    record = suspensions.for_event(type)
+    if record is not None:
+        if record.summary is None:
+            return short_payload(payload, type=type)
+        return record.summary(payload, _WORDS)
     if type == et.RESUMED:
         kind = get("suspension_type")
         if kind == "retry":
@@ -175,20 +175,6 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
         if get("awaited_event_id"):
             return f"the awaited event #{get('awaited_event_id')} arrived"
         return "woken by hand: due now"
-    if type == et.RERUN_REQUESTED:
-        kept = get("suspension")
-        if not isinstance(kept, dict):
-            return "runs again from where the failed attempt began"
-        kind = kept.get("suspension_type")
-        if kind == "event":
-            deadline = _instant(kept.get("timeout_at")) if kept.get("timeout_at") else "none"
-            return f"resumes its wait for the event as it was; deadline {deadline}"
-        if kind == "retry":
-            return (
-                f"resumes its retry backoff as it was: attempt "
-                f"{(kept.get('retry_attempt') or 0) + 1} at {_instant(kept.get('wake_at'))}"
-            )
-        return f"resumes its wait as it was, until {_instant(kept.get('wake_at'))}"
     return short_payload(payload, type=type)
 
 

@@ -112,7 +112,7 @@ def project_pending(event: Event, replaying: bool) -> None:
     # Keys exist only while the run's pending row waits for an event: they
     # go when that wait resumes and when the run ends.
     cleared = is_cleared(event.aggregate_id, event.version)
-    if kind in et.SUSPENSIONS:
+    if et.is_suspension(kind):
         row = _pending_row(event)
         # A wait for an event: written by the step, or resumed by a rerun.
         waits = row.suspension_type == SuspensionType.EVENT

@@ -168,7 +168,7 @@ def _prepared(
             "streams (use cancel_run, wake_run or rerun_run to act on a run)"
         )
     type = _name(type, "type")
-    if engine is not None and type not in engine[0]:
+    if engine is not None and not engine[0](type):
         raise InvalidEvent(
             f"a stream of aggregate type {aggregate_type!r} takes only {engine[1]}, not {type!r}"
         )

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -17,12 +17,15 @@ from kumiko_workflows.exceptions import (
 from kumiko_workflows.store.event_checks import _shown
 from kumiko_workflows.workflow import event_types as et
 
-#: The engine's streams, with the only event types each takes (and their
-#: name in errors): any other event there would move the stream's version
-#: under a suspended run, or a schedule's, and strand it.
-ENGINE_STREAMS = {
-    et.RUN_AGGREGATE_TYPE: (frozenset(et.RUN_EVENTS), "workflow run events"),
-    et.SCHEDULE_AGGREGATE_TYPE: (frozenset(et.SCHEDULE_EVENTS), "cron schedule events"),
+#: The engine's streams, with which event types each takes (and their name
+#: in errors): any other event there would move the stream's version under a
+#: suspended run, or a schedule's, and strand it.
+ENGINE_STREAMS: dict[str, tuple[Callable[[str], bool], str]] = {
+    et.RUN_AGGREGATE_TYPE: (et.is_run_event, "workflow run events"),
+    et.SCHEDULE_AGGREGATE_TYPE: (
+        frozenset(et.SCHEDULE_EVENTS).__contains__,
+        "cron schedule events",
+    ),
 }
 #: Streams only the engine writes.
 RESERVED_AGGREGATE_TYPES = frozenset(ENGINE_STREAMS)

@@ -36,7 +36,6 @@ from kumiko_workflows.workflow.validation import validate
 _RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-run")
 
 
-ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS})
 
 #: How a worker commits the resumes of a workflow's runs: with others in a
 #: batch (fast), or each on its own (a killed worker repeats no other run).
@@ -106,7 +105,7 @@ class Workflow:
                     f"workflow {name!r}: awaits maps keys to event types (strings), "
                     f"got {key!r}: {event_type!r}"
                 )
-            if event_type in ENGINE_EVENT_TYPES:
+            if et.is_run_event(event_type) or event_type in et.SCHEDULE_EVENTS:
                 # Engine events live in engine streams, which the look-back
                 # (and the payload index it uses) leaves out.
                 raise WorkflowDefinitionError(
