@@ -38,7 +38,6 @@ _EXPORTS = {
     "InvalidMatchExpression": "kumiko_workflows.exceptions",
     "RunNotFound": "kumiko_workflows.exceptions",
     "RunNotRerunnable": "kumiko_workflows.exceptions",
-    "RunNotRetryable": "kumiko_workflows.exceptions",
     "ScheduleError": "kumiko_workflows.exceptions",
     "InvalidArgument": "kumiko_workflows.exceptions",
     "MigrationRefused": "kumiko_workflows.exceptions",
@@ -47,7 +46,6 @@ _EXPORTS = {
     "cancel_run": "kumiko_workflows.engine.run_controls",
     "wake_run": "kumiko_workflows.engine.run_controls",
     "rerun_run": "kumiko_workflows.engine.run_controls",
-    "retry_run": "kumiko_workflows.engine.run_controls",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
     "start_in_worker": "kumiko_workflows.engine.starts",
     "await_run_finished": "kumiko_workflows.aio",
@@ -79,7 +77,6 @@ __all__ = [
     "RunContext",
     "RunNotFound",
     "RunNotRerunnable",
-    "RunNotRetryable",
     "ScheduleError",
     "StreamIdentityError",
     "VersionConflict",
@@ -101,7 +98,6 @@ __all__ = [
     "rerun_run",
     "resume_due_runs",
     "resume_schedule",
-    "retry_run",
     "run_id_for",
     "start_in_worker",
     "steps",
@@ -121,7 +117,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from kumiko_workflows.engine.cron import fire_due_schedules
     from kumiko_workflows.engine.resume import resume_due_runs
-    from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, retry_run, wake_run
+    from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, wake_run
     from kumiko_workflows.engine.schedule_controls import (
         fire_schedule_now,
         pause_schedule,
@@ -140,7 +136,6 @@ if TYPE_CHECKING:  # pragma: no cover
         MigrationRefused,
         RunNotFound,
         RunNotRerunnable,
-        RunNotRetryable,
         ScheduleError,
         StreamIdentityError,
         VersionConflict,

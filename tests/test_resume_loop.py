@@ -398,25 +398,6 @@ def test_rerun_run_reruns_a_failed_run_from_where_its_attempt_began(now):
         rerun_run(run_id)
 
 
-def test_the_old_names_retry_run_and_run_not_retryable_still_work_and_warn(now):
-    import kumiko_workflows
-    from kumiko_workflows import RunNotRerunnable, RunNotRetryable, retry_run
-
-    assert RunNotRetryable is RunNotRerunnable
-    assert {"retry_run", "RunNotRetryable"} <= set(kumiko_workflows.__all__)
-    event = trigger("t.retry", fail_attempts=1)
-    run_id = run_id_for("t-retry", event.payload["run_key"])
-    _tamper(run_id, definition_fingerprint="x")  # make the resume fail
-    resume_due_runs(now=now + timedelta(seconds=11))
-
-    with pytest.warns(DeprecationWarning, match="retry_run is deprecated; use rerun_run"):
-        assert retry_run(run_id, by="ops") is True
-    assert types_of(run_id)[-1] == et.RERUN_REQUESTED
-    assert run_events(run_id)[-1].payload["by"] == "ops"
-    with pytest.warns(DeprecationWarning), pytest.raises(RunNotRetryable, match="waiting"):
-        retry_run(run_id)
-
-
 def test_tampered_pending_row_with_unknown_step_fails_the_run(past):
     event = trigger("t.wait", **{"for": past})
     run_id = run_id_for("t-wait", event.payload["run_key"])
