@@ -43,7 +43,7 @@ try:
 except ImportError:  # the optional extra is not installed: every hook is a no-op
     context = metrics = trace = None  # type: ignore[assignment]
 
-logger = logging.getLogger("kumiko_workflows.telemetry")
+logger = logging.getLogger(__name__)
 
 # Attribute keys, on spans and metrics alike.
 RUN_ID = "kumiko.run_id"

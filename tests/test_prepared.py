@@ -188,7 +188,7 @@ def warnings_once(monkeypatch, caplog):
     from kumiko_workflows.store import cursors
 
     monkeypatch.setattr(cursors, "_warned_about_pooler", False, raising=False)
-    caplog.set_level("WARNING", logger="kumiko_workflows.db")
+    caplog.set_level("WARNING", logger="kumiko_workflows.store.cursors")
     return caplog
 
 

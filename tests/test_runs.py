@@ -331,7 +331,7 @@ def test_same_key_in_one_tenant_starts_one_run(future, caplog):
     first = trigger("t.wait", run_key="order-1", **{"for": future})
     run_id = run_id_for("t-wait", "order-1", "default")
 
-    with caplog.at_level(logging.INFO, logger="kumiko_workflows.runner"):
+    with caplog.at_level(logging.INFO, logger="kumiko_workflows.engine.starts"):
         second = trigger("t.wait", run_key="order-1", **{"for": future})
 
     assert types_of(run_id) == [et.RUN_STARTED, et.WAITING]

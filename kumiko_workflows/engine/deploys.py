@@ -44,7 +44,7 @@ from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
 
-logger = logging.getLogger("kumiko_workflows.deploys")
+logger = logging.getLogger(__name__)
 
 #: What a failure for a changed definition says to do about it.
 ADVICE = (

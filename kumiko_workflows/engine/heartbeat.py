@@ -21,7 +21,7 @@ from kumiko_workflows.models import WorkerHeartbeat
 from kumiko_workflows.store import db
 from kumiko_workflows.store.db import CONNECTION_ERRORS
 
-logger = logging.getLogger("kumiko_workflows.worker")
+logger = logging.getLogger(__name__)
 
 
 

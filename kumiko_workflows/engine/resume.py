@@ -44,7 +44,7 @@ from kumiko_workflows.workflow import clock, suspensions
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.registry import registry
 
-logger = logging.getLogger("kumiko_workflows.resume")
+logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -46,7 +46,7 @@ from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
 from kumiko_workflows.workflow.step_kind import Step, Suspend, path_text
 
-logger = logging.getLogger("kumiko_workflows.runner")
+logger = logging.getLogger(__name__)
 
 
 class RunContext:

@@ -37,7 +37,7 @@ from kumiko_workflows.workflow.jsonvalues import text_problem
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.triggers import EventTrigger
 
-logger = logging.getLogger("kumiko_workflows.runner")
+logger = logging.getLogger(__name__)
 
 
 def _idempotency_key(workflow: Workflow, event: Event) -> str:

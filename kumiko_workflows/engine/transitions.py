@@ -48,6 +48,8 @@ from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
 
+#: Not this module's name: the logger of the signals' receivers' errors is documented
+#: (docs/reference/signals.md), and sites route it.
 logger = logging.getLogger("kumiko_workflows.signals")
 
 #: Leftover deliveries one worker pass takes at most; the next pass takes more.

@@ -28,7 +28,7 @@ from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
 
-logger = logging.getLogger("kumiko_workflows.versions")
+logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fa
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching
 
-logger = logging.getLogger("kumiko_workflows.wakeups")
+logger = logging.getLogger(__name__)
 
 #: A check whose decision raised this many times is dropped (and logged):
 #: nothing is retried for ever. The wait's own timeout still looks back.

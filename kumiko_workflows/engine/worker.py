@@ -43,7 +43,7 @@ from kumiko_workflows.models import WorkflowRunPending
 from kumiko_workflows.store import db
 from kumiko_workflows.store.db import CONNECTION_ERRORS
 
-logger = logging.getLogger("kumiko_workflows.worker")
+logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 30.0
 

@@ -55,7 +55,7 @@ from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.event_checks import name_problem
 from kumiko_workflows.workflow import event_types as et
 
-logger = logging.getLogger("kumiko_workflows.purge")
+logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000

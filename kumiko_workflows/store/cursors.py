@@ -14,7 +14,7 @@ from django.db.backends.utils import CursorWrapper
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.store.db import engine, settings_generation
 
-logger = logging.getLogger("kumiko_workflows.db")
+logger = logging.getLogger(__name__)
 
 try:
     import psycopg

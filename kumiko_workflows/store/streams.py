@@ -23,7 +23,7 @@ from kumiko_workflows.store.events import append_engine_pair, append_event
 from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.workflow import event_types
 
-logger = logging.getLogger("kumiko_workflows.runner")
+logger = logging.getLogger(__name__)
 
 # Machine-readable reasons of workflow.run-failed.
 STEP_FAILED = "step_failed"
