@@ -534,10 +534,10 @@ def test_a_purged_key_is_not_queued_again_either(world):
 
 
 def test_the_guard_costs_workers_no_savepoint_per_run():
-    from kumiko_workflows.engine.resume import guarded
+    from kumiko_workflows.engine.resume import needs_savepoints
 
     # It is one of the engine's own projections: it never raises inside a resume.
-    assert not guarded()
+    assert not needs_savepoints()
 
 
 def test_rerun_of_a_purged_run_finds_no_run(world):

@@ -85,7 +85,7 @@ def test_the_start_line_names_no_user_and_no_password(settings):
         connection.settings_dict.update(saved)
 
     assert "alice-the-user" not in line and "s3cret-word" not in line
-    assert db.described() in line
+    assert db.database_description() in line
     assert "batch_size=1 (a commit per run)" in line
 
 

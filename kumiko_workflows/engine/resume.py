@@ -253,7 +253,7 @@ def _drain_tenant(
 
     An error in the engine's own writes for a run (a database error, a
     site's projection raising) is rolled back with its savepoint where code
-    besides the engine's reacts to run events (see :func:`guarded`), and
+    besides the engine's reacts to run events (see :func:`needs_savepoints`), and
     otherwise with the batch, as a crash would: then the batch's other runs
     are resumed again, and their steps run again.
     """
@@ -270,7 +270,7 @@ def _drain_tenant(
         drained = False
         try:
             with db.atomic():
-                savepoints = guarded()
+                savepoints = needs_savepoints()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):
                     if should_stop():
@@ -343,7 +343,7 @@ def _claim_and_resume(
     return _commits_per_run(row)
 
 
-def guarded() -> bool:
+def needs_savepoints() -> bool:
     """Whether each run's writes need a savepoint: code besides the engine's reacts to them.
 
     A site's projection or ``post_save`` receiver for run events runs

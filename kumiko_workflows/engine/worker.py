@@ -178,7 +178,7 @@ class Worker:
         return " ".join(
             [
                 f"pid={os.getpid()}",
-                db.described(),
+                db.database_description(),
                 f"tenants={','.join(self.tenants) or 'all'}",
                 f"interval={self.interval:g}s",
                 f"listen={listening}",
@@ -254,7 +254,7 @@ class Worker:
 
     def _loop(self) -> None:
         self._install_signals()
-        listener = Listener() if db.listens() else None
+        listener = Listener() if db.can_listen() else None
         listening = "off"
         if listener is not None:
             # Before the first pass: no NOTIFY is missed after it.

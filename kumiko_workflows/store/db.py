@@ -118,7 +118,7 @@ def overlapping_writers() -> bool:
     return engine().vendor != "sqlite"
 
 
-def listens() -> bool:
+def can_listen() -> bool:
     """Whether a worker can LISTEN for rows that become due (PostgreSQL's NOTIFY)."""
     return engine().vendor == "postgresql"
 
@@ -138,7 +138,7 @@ def database_file() -> str | None:
     return os.path.abspath(name)
 
 
-def described() -> str:
+def database_description() -> str:
     """The engine's database for a worker's start line: alias, vendor, where.
 
     Never a user or a password: the line goes to logs others read.

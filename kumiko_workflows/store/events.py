@@ -40,7 +40,7 @@ from kumiko_workflows.store import appends, cursors, statements
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.appends import EVENT_COLUMNS
 from kumiko_workflows.store.db import chains_writes
-from kumiko_workflows.store.dispatch import folded, others_listen_to_post_save, registry
+from kumiko_workflows.store.dispatch import mark_applied, others_listen_to_post_save, registry
 from kumiko_workflows.store.event_checks import (
     _column_max,
     _counter,
@@ -403,7 +403,7 @@ def _insert_pair(
     chained = []
     for _, (model, values, where) in folds:
         sql, folded_params = statements.rows_statement(
-            model, "UPDATE", values, where, after="second"
+            model, "UPDATE", values, where, only_if="second"
         )
         chained.append(sql)
         params.extend(folded_params)
@@ -415,7 +415,7 @@ def _insert_pair(
     _saved(db, one, rows[expected_version + 1], registry.handles(one.type))
     if expected_version + 2 not in rows:
         raise _version_conflict(two, expected_version + 1)
-    folded(two, [name for name, _ in folds])
+    mark_applied(two, [name for name, _ in folds])
     _saved(db, two, rows[expected_version + 2], registry.handles(two.type))
 
 
