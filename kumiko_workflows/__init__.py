@@ -54,7 +54,7 @@ _EXPORTS = {
     "awake_run": "kumiko_workflows.aio",
     "acancel_run": "kumiko_workflows.aio",
     "aappend_event": "kumiko_workflows.aio",
-    "migrate_workflow_runs": "kumiko_workflows.engine.versions",
+    "migrate_workflow_runs": "kumiko_workflows.engine.version_moves",
     "pause_schedule": "kumiko_workflows.engine.schedule_controls",
     "resume_schedule": "kumiko_workflows.engine.schedule_controls",
     "fire_schedule_now": "kumiko_workflows.engine.schedule_controls",
@@ -125,7 +125,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from kumiko_workflows.engine.segment import RunContext
     from kumiko_workflows.engine.starts import start_in_worker
-    from kumiko_workflows.engine.versions import migrate_workflow_runs
+    from kumiko_workflows.engine.version_moves import migrate_workflow_runs
     from kumiko_workflows.exceptions import (
         AppendOnlyError,
         CrossDatabaseTransaction,

@@ -43,7 +43,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.operations.rebuild import check
 from kumiko_workflows.operations.status import health
-from kumiko_workflows.operations.versions import version_table
+from kumiko_workflows.operations.version_table import version_table
 from kumiko_workflows.workflow.positions import reached
 from kumiko_workflows.workflow.registry import registry
 from tests.conftest import run_manage, trigger, types_of

@@ -39,7 +39,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.operations.explain import timeline
 from kumiko_workflows.operations.rebuild import check
 from kumiko_workflows.operations.status import status_report
-from kumiko_workflows.operations.versions import version_table
+from kumiko_workflows.operations.version_table import version_table
 from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.workflow.definition import MAX_VERSION
 from kumiko_workflows.workflow.registry import registry

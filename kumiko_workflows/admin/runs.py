@@ -36,7 +36,7 @@ from kumiko_workflows.operations.explain import (
     timeline,
     when,
 )
-from kumiko_workflows.operations.versions import stale_workers, version_table
+from kumiko_workflows.operations.version_table import stale_workers, version_table
 from kumiko_workflows.store.streams import FAILURE_REASONS
 from kumiko_workflows.workflow import clock
 

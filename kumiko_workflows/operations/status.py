@@ -18,7 +18,7 @@ from django.db.models import Count
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.explain import humanize, step_label
-from kumiko_workflows.operations.versions import (
+from kumiko_workflows.operations.version_table import (
     stale_workers,
     version_table,
 )
