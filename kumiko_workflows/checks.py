@@ -10,6 +10,7 @@ from django.core import checks
 from kumiko_workflows.conf import DEFAULTS, import_callable, workflow_settings
 from kumiko_workflows.operations.cutoff import retention_problem
 from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.validation import validate
 
@@ -133,7 +134,7 @@ def _weight_problems(weights: Any) -> list[checks.CheckMessage]:
             id="kumiko_workflows.E110",
         )
         for tenant, weight in weights.items()
-        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1
+        if not int_between(weight, 1)
     ]
 
 

@@ -42,6 +42,7 @@ from kumiko_workflows.store.streams import (
 )
 from kumiko_workflows.workflow import clock, suspensions
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.registry import registry
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ def resume_due_runs(
     time; ``should_stop`` is polled between rows. ``tenants`` (not with
     ``tenant_id``) limits the pass to those tenants, taking turns.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is not None and not int_between(limit, 1):
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
     check_name(tenant_id, "tenant_id", "tenant_id")
     if tenants is not None:
@@ -208,7 +209,7 @@ def turn_share(tenant: str) -> int:
     """
     weights = workflow_settings.TENANT_WEIGHTS or {}
     weight = weights.get(tenant, 1) if isinstance(weights, dict) else 1
-    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+    if not int_between(weight, 1):
         weight = 1  # reported by the system check; never a stuck tenant
     return max(1, int(workflow_settings.BATCH_SIZE)) * weight
 

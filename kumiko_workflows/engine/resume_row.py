@@ -33,6 +33,7 @@ from kumiko_workflows.store.streams import (
 )
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow.arguments import is_int
 from kumiko_workflows.workflow.positions import parse_path
 from kumiko_workflows.workflow.registry import registry
 
@@ -47,7 +48,7 @@ def _state_problem(state: Any) -> str | None:
         if not isinstance(state.get(key) or {}, dict):
             return f"{key!r} is not an object"
     for key, event_id in (state.get("awaited") or {}).items():
-        if event_id is not None and (isinstance(event_id, bool) or not isinstance(event_id, int)):
+        if event_id is not None and not is_int(event_id):
             return f"awaited[{key!r}] is not an event id"
     return None
 
@@ -55,7 +56,7 @@ def _state_problem(state: Any) -> str | None:
 def _awaited_ids(row: WorkflowRunPending) -> set[int]:
     """Ids of the awaited events a resume of ``row`` reads (the trigger comes with the claim)."""
     ids = [row.awaited_event_id, *row.awaited_refs().values()]
-    return {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
+    return {i for i in ids if is_int(i)}
 
 
 @telemetry.traced_resume

@@ -25,6 +25,7 @@ from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import RunStream
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
 
@@ -50,7 +51,7 @@ class MigrationReport:
 
 
 def _version(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not int_between(value, 1):
         raise InvalidArgument(f"{what} must be a version (an integer >= 1), got {value!r}")
     return value
 

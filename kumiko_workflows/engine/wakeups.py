@@ -34,6 +34,7 @@ from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching
+from kumiko_workflows.workflow.arguments import is_int
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ _ENGINE_AGGREGATE_TYPES = (et.RUN_AGGREGATE_TYPE, et.SCHEDULE_AGGREGATE_TYPE)
 
 def taken_by_run(awaited: Mapping[str, Any]) -> set[int]:
     """Ids of the events earlier waits of a run already took: none counts twice."""
-    return {i for i in (awaited or {}).values() if isinstance(i, int) and not isinstance(i, bool)}
+    return {i for i in (awaited or {}).values() if is_int(i)}
 
 
 def satisfies(row: WorkflowRunPending, event: Event) -> bool:

@@ -27,6 +27,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, suspensions
+from kumiko_workflows.workflow.arguments import is_int
 from kumiko_workflows.workflow.registry import registry
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
@@ -197,7 +198,7 @@ def referenced_events(type: str, payload: dict[str, Any]) -> list[tuple[str, int
 
 
 def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return is_int(value)
 
 
 @dataclass

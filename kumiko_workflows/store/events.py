@@ -46,7 +46,6 @@ from kumiko_workflows.store.event_checks import (
     _counter,
     _json_object,
     _name,
-    _shown,
 )
 from kumiko_workflows.store.stream_ids import (
     ENGINE_STREAMS,
@@ -54,6 +53,7 @@ from kumiko_workflows.store.stream_ids import (
     _engine_writing,
 )
 from kumiko_workflows.workflow import clock
+from kumiko_workflows.workflow.arguments import clipped_repr
 
 _NEXT_VERSION_ATTEMPTS = 3
 
@@ -186,7 +186,7 @@ def _prepared(
     if created_at is None:
         created_at = clock.now()  # the engine's clock: a test's virtual time, if it set one
     elif not isinstance(created_at, datetime):
-        raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
+        raise InvalidEvent(f"created_at must be an aware datetime, got {clipped_repr(created_at)}")
     elif created_at.tzinfo is None or created_at.utcoffset() is None:
         raise InvalidEvent(f"created_at is a naive datetime ({created_at.isoformat()})")
     # The next version is only known once inserted.

@@ -14,8 +14,8 @@ from django.db.models import Model
 from kumiko_workflows.exceptions import (
     InvalidEvent,
 )
-from kumiko_workflows.store.event_checks import _shown
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.arguments import clipped_repr, is_int
 
 #: The engine's streams, with which event types each takes (and their name
 #: in errors): any other event there would move the stream's version under a
@@ -27,8 +27,6 @@ ENGINE_STREAMS: dict[str, tuple[Callable[[str], bool], str]] = {
         "cron schedule events",
     ),
 }
-#: Streams only the engine writes.
-RESERVED_AGGREGATE_TYPES = frozenset(ENGINE_STREAMS)
 _engine_writing: ContextVar[bool] = ContextVar("kumiko_workflows_engine_writing", default=False)
 
 
@@ -58,7 +56,7 @@ def stream_id_for(instance: Model) -> uuid.UUID:
     but a model instance with a primary key (an unsaved one has none).
     """
     if not isinstance(instance, Model):
-        raise InvalidEvent(f"stream_id_for takes a model instance, got {_shown(instance)}")
+        raise InvalidEvent(f"stream_id_for takes a model instance, got {clipped_repr(instance)}")
     meta = (instance._meta.concrete_model or type(instance))._meta
     pk = instance.pk
     # A composite key's parts are joined as they are; a single key is read
@@ -81,12 +79,12 @@ def _as_uuid(value: Any) -> uuid.UUID:
             pass
     elif isinstance(value, Model):
         return stream_id_for(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
+    elif is_int(value):
         raise InvalidEvent(
-            f"aggregate_id must be a UUID or a saved model instance, got {_shown(value)}: "
+            f"aggregate_id must be a UUID or a saved model instance, got {clipped_repr(value)}: "
             "an integer is not a stream id; pass the model instance itself (its stream id "
             "is kumiko_workflows.stream_id_for(instance)), or a UUID of your own"
         )
     raise InvalidEvent(
-        f"aggregate_id must be a UUID or a saved model instance, got {_shown(value)}"
+        f"aggregate_id must be a UUID or a saved model instance, got {clipped_repr(value)}"
     )

@@ -20,6 +20,7 @@ from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidDuration
 from kumiko_workflows.store.events import append_event
 from kumiko_workflows.tasks import compat, runner
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.durations import as_delay
 from kumiko_workflows.workflow.steps import BACKOFFS
 
@@ -85,7 +86,7 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
             key: self._option(key.upper()) if value is None else value for key, value in own.items()
         }
         attempts = merged["max_attempts"]
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        if not int_between(attempts, 1):
             raise compat.InvalidTask(f"max_attempts must be an integer >= 1, got {attempts!r}")
         if merged["backoff"] not in BACKOFFS:
             raise compat.InvalidTask(
@@ -103,11 +104,7 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
             # Kept on the run (its enqueue event) for claim priorities to come;
             # the framework refuses a priority where supports_priority is False.
             priority = task.priority
-            if (
-                isinstance(priority, bool)
-                or not isinstance(priority, int)
-                or not compat.TASK_MIN_PRIORITY <= priority <= compat.TASK_MAX_PRIORITY
-            ):
+            if not int_between(priority, compat.TASK_MIN_PRIORITY, compat.TASK_MAX_PRIORITY):
                 raise compat.InvalidTask(
                     f"priority must be a whole number between {compat.TASK_MIN_PRIORITY} "
                     f"and {compat.TASK_MAX_PRIORITY}."

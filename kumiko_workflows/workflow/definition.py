@@ -19,6 +19,7 @@ from kumiko_workflows.exceptions import (
     WorkflowDefinitionError,
 )
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.fingerprints import _hash
 from kumiko_workflows.workflow.positions import _path_sort_key, parse_path, reach_text, reached
@@ -112,11 +113,7 @@ class Workflow:
                     f"workflow {name!r}: awaits[{key!r}] is the engine's own event type "
                     f"{event_type!r}; await a domain event instead"
                 )
-        if (
-            isinstance(version, bool)
-            or not isinstance(version, int)
-            or not 1 <= version <= MAX_VERSION
-        ):
+        if not int_between(version, 1, MAX_VERSION):
             raise WorkflowDefinitionError(
                 f"workflow {name!r}: version must be an integer from 1 to {MAX_VERSION}, "
                 f"got {version!r}"
@@ -241,7 +238,7 @@ def _migration_maps(
         )
     maps: dict[int, dict[str, str]] = {}
     for old, positions in migrates_from.items():
-        if isinstance(old, bool) or not isinstance(old, int) or not 1 <= old < version:
+        if not int_between(old, 1, version - 1):
             raise WorkflowDefinitionError(
                 f"{where} names version {old!r}; give older versions of this workflow "
                 f"(integers from 1 to {version - 1})"

@@ -23,6 +23,7 @@ from kumiko_workflows.exceptions import (
 )
 from kumiko_workflows.workflow import durations, matching
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
 from kumiko_workflows.workflow.step_kind import (
     Execution,
@@ -318,7 +319,7 @@ class Retry(Step):
 
 
 def _bad_times(times: Any) -> bool:
-    return isinstance(times, bool) or not isinstance(times, int) or times < 1
+    return not int_between(times, 1)
 
 
 @dataclass(frozen=True, eq=False)
