@@ -165,22 +165,7 @@ class Workflow:
         """Describe how this definition differs from ``old_prints`` (step fingerprints)."""
         if not old_prints:
             return "its definition changed"
-        parts = []
-        if old_prints.get("workflow") != self.step_fingerprints["workflow"]:
-            parts.append("the workflow's trigger, version, awaits or idempotency key changed")
-        for path in sorted(set(old_prints) | set(self.step_fingerprints), key=_path_sort_key):
-            if path == "workflow":
-                continue
-            old, new = old_prints.get(path), self.step_fingerprints.get(path)
-            if old == new:
-                continue
-            if old is None:
-                parts.append(f"{self.label(path)} was added")
-            elif new is None:
-                parts.append(f"step {path} was removed")
-            else:
-                parts.append(f"{self.label(path)} changed")
-        return "; ".join(parts) or "its definition changed"
+        return "; ".join(self._changes(old_prints, None)) or "its definition changed"
 
     def changes_for_run(self, old_prints: Mapping[str, str], position: str) -> list[str]:
         """What changed, from ``old_prints`` (a run's definition), that a run at ``position`` met.
@@ -192,22 +177,26 @@ class Workflow:
         is in) leaves it free to resume on this definition; an empty list
         says so. ``old_prints`` is the run's ``step_fingerprints``.
         """
+        return self._changes(old_prints, position)
+
+    def _changes(self, old_prints: Mapping[str, str], position: str | None) -> list[str]:
+        """Each difference from ``old_prints``; with ``position``, only those a run there met."""
         changes = []
         if old_prints.get("workflow") != self.step_fingerprints["workflow"]:
             changes.append("the workflow's trigger, version, awaits or idempotency key changed")
         for path in sorted(set(old_prints) | set(self.step_fingerprints), key=_path_sort_key):
-            if path == "workflow" or not reached(path, position):
+            if path == "workflow" or (position is not None and not reached(path, position)):
                 continue
             old, new = old_prints.get(path), self.step_fingerprints.get(path)
             if old == new:
                 continue
-            where = reach_text(path, position)
+            where = "" if position is None else " " + reach_text(path, position)
             if old is None:
-                changes.append(f"{self.label(path)} was added {where}")
+                changes.append(f"{self.label(path)} was added{where}")
             elif new is None:
-                changes.append(f"step {path} {where} was removed")
+                changes.append(f"step {path}{where} was removed")
             else:
-                changes.append(f"{self.label(path)} {where} changed")
+                changes.append(f"{self.label(path)}{where} changed")
         return changes
 
     def next_position(self, path: str) -> str:
