@@ -36,7 +36,7 @@ class Heartbeat:
     """The worker's row of :class:`~kumiko_workflows.models.WorkerHeartbeat`.
 
     Written at the start of a pass and between signal deliveries (see
-    :meth:`Worker._beat`), at most every :data:`HEARTBEAT_SECONDS`:
+    :meth:`kumiko_workflows.engine.worker.Worker._beat`), at most every :data:`HEARTBEAT_SECONDS`:
     one UPDATE of the worker's own row (an INSERT the first time). Its
     instants are the database's clock (``Now()`` in the statement), neither
     the engine's (a test's virtual time) nor this process's: they are

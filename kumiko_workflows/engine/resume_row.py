@@ -69,8 +69,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
 
     Must run in the transaction whose claim deleted the row. A failing step
     fails the run (see :func:`run_segment`); any other error, a stream that
-    moved under the claim (:class:`VersionConflict`) included, propagates,
-    and the caller must roll back the claim and what followed it.
+    moved under the claim
+    (:class:`~kumiko_workflows.exceptions.VersionConflict`) included,
+    propagates, and the caller must roll back the claim and what followed it.
     """
     stream = RunStream.of_pending(row, deleted=True)
     stream.savepoint = False  # the caller rolls back on errors

@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 def _idempotency_key(workflow: Workflow, event: Event) -> str:
     if isinstance(workflow.trigger, CronTrigger):
-        # A cron run is keyed by its slot instant (kumiko_workflows.cron), so
+        # A cron run is keyed by its slot instant (kumiko_workflows.engine.cron), so
         # schedulers that fire the same slot address the same run; a run
         # fired outside the slots, by the key its caller gave.
         if event.type == event_types.SCHEDULE_FIRED_NOW:

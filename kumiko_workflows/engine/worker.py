@@ -9,7 +9,8 @@ the current run finish and the worker exit 0; a second exits 1 at once.
 
 On SQLite, which lets one transaction write at a time, a worker (a loop or
 a single pass) holds an OS lock on a file beside the database, and a second
-one is refused at once (:class:`WorkerAlreadyRunning`) instead of failing
+one is refused at once
+(:class:`~kumiko_workflows.exceptions.WorkerAlreadyRunning`) instead of failing
 its runs with "database is locked".
 """
 
@@ -301,8 +302,8 @@ class Worker:
             self._restore_signals()
 
     def _beat(self) -> None:
-        """A heartbeat at most every :data:`HEARTBEAT_SECONDS`: at each pass, and between
-        signal deliveries (so slow receivers never make a live worker look dead)."""
+        """A heartbeat at most every ``HEARTBEAT_SECONDS``: at each pass, and between signal
+        deliveries (so slow receivers never make a live worker look dead)."""
         if self.heartbeat is not None:
             self.heartbeat.beat()
 

@@ -99,7 +99,7 @@ def append_event(
     """Append one event to a stream and project it; return the saved row.
 
     ``aggregate_id`` is a UUID (or its text), or a saved model instance,
-    whose stream id is :func:`stream_id_for`. The event gets
+    whose stream id is :func:`~kumiko_workflows.store.stream_ids.stream_id_for`. The event gets
     ``expected_version + 1``, or the stream's next version when
     ``expected_version`` is None. Raises :class:`VersionConflict` if that
     version is already taken and :class:`InvalidEvent` for bad input; in both
@@ -422,8 +422,8 @@ def _insert_pair(
 def _refusal(event: Event, expected_version: int | None) -> StreamIdentityError | None:
     """Why the stream refuses ``event``'s tenant or aggregate type, if it does.
 
-    Mirrors :func:`kumiko_workflows.db.insert_event_sql`'s checks. The message never names another
-    tenant: the caller may be that tenant's adversary. Within a tenant,
+    Mirrors :func:`kumiko_workflows.store.appends.insert_event_sql`'s checks. The
+    message never names another tenant: the caller may be that tenant's adversary. Within a tenant,
     naming the stream's type helps fix the call.
     """
     firsts = Event.objects.filter(aggregate_id=event.aggregate_id, version=1)

@@ -274,7 +274,7 @@ def define_workflow(
     most 200 characters) is what the admin's search finds a run by, e.g. an
     order number; without it, the idempotency key. Pass ``register=False``
     to build a definition without registering it (for
-    :meth:`WorkflowRegistry.override`).
+    :meth:`kumiko_workflows.workflow.registry.WorkflowRegistry.override`).
     """
     workflow = Workflow(
         name,
