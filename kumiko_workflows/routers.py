@@ -29,5 +29,5 @@ class WorkflowsRouter:
 
     def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
         if app_label == APP_LABEL:
-            return db == workflow_settings.DATABASE
+            return bool(db == workflow_settings.DATABASE)
         return None

@@ -8,6 +8,7 @@ limited to the runs it applies to, with its own permission and a
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -38,7 +39,7 @@ class RunActions(WorkflowAdmin):
     def _done(
         self,
         request: HttpRequest,
-        queryset: QuerySet,
+        queryset: QuerySet[Any],
         done: int,
         done_text: Callable[[int], str],
         skipped: int,
@@ -54,7 +55,7 @@ class RunActions(WorkflowAdmin):
             self.message_user(request, "No runs were changed.", messages.WARNING)
         return self._back(request, queryset)
 
-    def _back(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def _back(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         """From a button on a run's page, go back to that page."""
         if request.POST.get("_kw_return"):
             pks = list(queryset.values_list("pk", flat=True)[:2])
@@ -63,7 +64,7 @@ class RunActions(WorkflowAdmin):
         return None
 
     @admin.action(permissions=["wake"], description="Wake now (resume on the next worker pass)")
-    def wake_now(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def wake_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         woken = skipped = 0
         for run in queryset:
             try:
@@ -87,7 +88,7 @@ class RunActions(WorkflowAdmin):
         )
 
     @admin.action(permissions=["cancel"], description="Cancel (asks for a reason)")
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         reason = request.POST.get("reason", "").strip()
         if request.POST.get("kw_confirm") and reason:
             cancelled = skipped = 0
@@ -134,7 +135,7 @@ class RunActions(WorkflowAdmin):
     @admin.action(
         permissions=["rerun"], description="Rerun failed runs from where the failed attempt began"
     )
-    def rerun_failed(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def rerun_failed(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         requested = skipped = 0
         refused: list[str] = []
         for run in queryset:

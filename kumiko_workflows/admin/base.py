@@ -47,7 +47,8 @@ def admin_tenant(request: HttpRequest) -> str | None:
         scope = import_callable(workflow_settings.ADMIN_TENANT, "ADMIN_TENANT")
         tenant = scope(request) if scope is not None else None
         request._kumiko_admin_tenant = None if tenant is None else str(tenant)  # type: ignore[attr-defined]
-    return request._kumiko_admin_tenant  # type: ignore[attr-defined]
+    scoped: str | None = request._kumiko_admin_tenant  # type: ignore[attr-defined]
+    return scoped
 
 
 def _actor(request: HttpRequest) -> str:
@@ -84,13 +85,14 @@ def _many_tenants(request: HttpRequest) -> bool:
     if not hasattr(request, "_kumiko_many_tenants"):
         tenants = WorkflowRun.objects.order_by("tenant_id").values_list("tenant_id", flat=True)
         request._kumiko_many_tenants = len(tenants.distinct()[:2]) > 1  # type: ignore[attr-defined]
-    return request._kumiko_many_tenants  # type: ignore[attr-defined]
+    many: bool = request._kumiko_many_tenants  # type: ignore[attr-defined]
+    return many
 
 
-class WorkflowAdmin(admin.ModelAdmin):
+class WorkflowAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # of any model
     """Read-only and tenant-scoped: the base of the three admins."""
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)
         tenant = admin_tenant(request)
         return queryset if tenant is None else queryset.filter(tenant_id=tenant)
@@ -103,8 +105,8 @@ class WorkflowAdmin(admin.ModelAdmin):
         return None
 
     def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
         """Ids and :meth:`search_matches`, exactly: index look-ups, never a text scan."""
         term = search_term.strip()
         if not term:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
 from django.db.models import Q, QuerySet
 from django.utils.html import format_html, format_html_join
@@ -96,7 +98,7 @@ class EventAdmin(WorkflowAdmin):
             "", '<div class="kw-run-ref">{}: {}</div>', ((label, link) for label, link in lines)
         )
 
-    def _run_lines(self, label: str, runs: QuerySet) -> list[tuple[str, str]]:
+    def _run_lines(self, label: str, runs: QuerySet[Any]) -> list[tuple[str, str]]:
         found = list(runs[: RUN_LINK_LIMIT + 1])
         lines: list[tuple[str, str]] = [
             (

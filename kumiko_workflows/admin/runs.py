@@ -50,7 +50,7 @@ class FailureReasonFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [(reason, reason) for reason in FAILURE_REASONS]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(failure_reason=value) if value else queryset
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
+from typing import cast
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.engine.segment import RunContext, fail_opened, run_segment
@@ -115,7 +116,7 @@ def search_key_of(workflow: Workflow, event: Event) -> str:
             problem,
         )
         return ""
-    return value
+    return cast(str, value)
 
 
 @telemetry.traced_start

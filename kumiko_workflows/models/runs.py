@@ -29,7 +29,7 @@ SuspensionType = models.TextChoices(  # type: ignore[call-overload]  # the funct
 )
 
 
-class WorkflowRunQuerySet(models.QuerySet):
+class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
     def failed(self) -> WorkflowRunQuerySet:
         return self.filter(status=RunStatus.FAILED)
 

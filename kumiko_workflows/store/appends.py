@@ -118,4 +118,5 @@ def run_insert(
     """Execute an insert on the hot cursor of ``conn`` (the engine's); its (id, version) rows."""
     with hot_cursor(conn) as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows

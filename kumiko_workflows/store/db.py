@@ -218,7 +218,8 @@ def database_now() -> datetime:
         value = datetime.fromisoformat(value)
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    instant: datetime = value.astimezone(UTC)
+    return instant
 
 
 def connection_broken() -> bool:

@@ -30,7 +30,7 @@ from kumiko_workflows.workflow.jsonvalues import (
 
 
 def _max_length(column: str) -> int:
-    length = cast(Field, Event._meta.get_field(column)).max_length
+    length = cast("Field[Any, Any]", Event._meta.get_field(column)).max_length
     assert length is not None, column
     return length
 
@@ -67,7 +67,7 @@ def _name(value: Any, column: str, *, blank: bool = False) -> str:
         if len(_valid_names) >= _VALID_NAMES_LIMIT:
             _valid_names.clear()
         _valid_names.add((value, column, blank))
-    return value
+    return cast(str, value)  # name_problem let only a string through
 
 
 @functools.cache

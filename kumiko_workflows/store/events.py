@@ -215,12 +215,12 @@ _FIELDS = ("id", *EVENT_COLUMNS[:3], "version", *EVENT_COLUMNS[3:])
 
 
 @functools.cache
-def _created_at_field() -> Field:
+def _created_at_field() -> Field[Any, Any]:
     """Event's ``created_at``, once Event's fields are found in the order of ``_FIELDS``."""
     order = tuple(field.attname for field in Event._meta.concrete_fields)
     if order != _FIELDS:  # a changed model: append_event builds Events by position
         raise AssertionError(f"Event's fields are {order}, append_event expects {_FIELDS}")
-    return cast(Field, Event._meta.get_field("created_at"))
+    return cast("Field[Any, Any]", Event._meta.get_field("created_at"))
 
 
 def _insert(

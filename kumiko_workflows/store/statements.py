@@ -237,7 +237,7 @@ def delete_run_streams(tenant_id: str, run_ids: Sequence[Any]) -> int:
     params = [tenant_id, RUN_AGGREGATE_TYPE, *(field.get_db_prep_value(r, conn) for r in run_ids)]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 # --- the run signals' outbox (engine/transitions) ----------------------------

@@ -19,7 +19,7 @@ from django.core import checks
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidDuration
 from kumiko_workflows.store.events import append_event
-from kumiko_workflows.tasks import compat, runner
+from kumiko_workflows.tasks import compat, names, runner
 from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.durations import as_delay
 from kumiko_workflows.workflow.steps import BACKOFFS
@@ -32,7 +32,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "MAX_DELAY": None,
 }
 #: Queue names become workflow names (``task:<queue>``, at most 200 characters).
-MAX_QUEUE_NAME = 200 - len(runner.WORKFLOW_PREFIX)
+MAX_QUEUE_NAME = 200 - len(names.WORKFLOW_PREFIX)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,8 +141,8 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
         }
         event = append_event(
             task_id,
-            runner.TASK_AGGREGATE_TYPE,
-            runner.event_type(task.queue_name),
+            names.TASK_AGGREGATE_TYPE,
+            names.event_type(task.queue_name),
             payload,
             tenant_id=tenant_id,
             expected_version=0,

@@ -195,7 +195,8 @@ class WaitForEvent(Step):
         try:
             if isinstance(match, match_builder.Expression):
                 match = match.resolve(execution.ctx, lambda fn: execution.arg(path, "match", fn))
-            return to_json(matching.validate(match), "match")
+            stored: dict[str, Any] = to_json(matching.validate(match), "match")
+            return stored
         except (InvalidMatchExpression, NotJSON) as exc:
             raise execution.invalid(path, str(exc)) from None
 
