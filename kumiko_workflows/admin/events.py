@@ -10,7 +10,7 @@ from django.db.models import Q, QuerySet
 from django.utils.html import format_html, format_html_join
 
 from kumiko_workflows.admin.base import WorkflowAdmin
-from kumiko_workflows.admin.display import _pre, _short_id, _time, _zoned
+from kumiko_workflows.admin.display import list_time, pre_json, short_id, zoned_title
 from kumiko_workflows.models import (
     Event,
     WorkflowRun,
@@ -64,23 +64,23 @@ class EventAdmin(WorkflowAdmin):
         number = term.removeprefix("#")
         return Q(id=int(number)) if number.isdigit() and len(number) <= 18 else None
 
-    @admin.display(description=_zoned("created"), ordering="id")
+    @admin.display(description=zoned_title("created"), ordering="id")
     def created(self, event: Event) -> str:
-        return _time(event.created_at)
+        return list_time(event.created_at)
 
     @admin.display(description="aggregate id", ordering="aggregate_id")
     def aggregate(self, event: Event) -> str:
         if event.aggregate_type == et.RUN_AGGREGATE_TYPE:
             return self._run_link(event.aggregate_id)
-        return _short_id(event.aggregate_id)
+        return short_id(event.aggregate_id)
 
     @admin.display(description="payload")
     def payload_json(self, event: Event) -> str:
-        return _pre(event.payload)
+        return pre_json(event.payload)
 
     @admin.display(description="metadata")
     def metadata_json(self, event: Event) -> str:
-        return _pre(event.metadata)
+        return pre_json(event.metadata)
 
     @admin.display(description="workflow runs")
     def workflow_runs(self, event: Event) -> str:

@@ -16,8 +16,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from kumiko_workflows.admin.actions import RunActions
-from kumiko_workflows.admin.base import WorkflowAdmin, _many_tenants, admin_tenant
-from kumiko_workflows.admin.display import _breakable, _clipped, _short_id, _time, _zoned
+from kumiko_workflows.admin.base import WorkflowAdmin, admin_tenant, many_tenants
+from kumiko_workflows.admin.display import breakable, clipped_text, list_time, short_id, zoned_title
 from kumiko_workflows.admin.schedules import ScheduleControls
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
@@ -116,7 +116,7 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
 
     def get_list_display(self, request: HttpRequest) -> Any:
         shown = list(super().get_list_display(request))
-        if _many_tenants(request):
+        if many_tenants(request):
             # Under the workflow rather than a column of its own: room for the
             # failure reason and the search key at 1280 px.
             shown[shown.index("workflow")] = "workflow_and_tenant"
@@ -125,7 +125,7 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
     @admin.display(description="workflow (tenant)", ordering="workflow_name")
     def workflow_and_tenant(self, run: WorkflowRun) -> str:
         return format_html(
-            '{}<div class="kw-tenant">{}</div>', _breakable(run.workflow_name), run.tenant_id
+            '{}<div class="kw-tenant">{}</div>', breakable(run.workflow_name), run.tenant_id
         )
 
     def search_matches(self, term: str) -> Q | None:
@@ -133,23 +133,23 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
 
     @admin.display(description="run", ordering="run_id")
     def run(self, run: WorkflowRun) -> str:
-        return _short_id(run.run_id)
+        return short_id(run.run_id)
 
     @admin.display(description="failure", ordering="failure_reason")
     def failure(self, run: WorkflowRun) -> str:
-        return _breakable(run.failure_reason) if run.failure_reason else "—"
+        return breakable(run.failure_reason) if run.failure_reason else "—"
 
     @admin.display(description="current step", ordering="step")
     def current_step(self, run: WorkflowRun) -> str:
-        return _breakable(step_label(run.workflow_name, run.step, run.workflow_version) or "—")
+        return breakable(step_label(run.workflow_name, run.step, run.workflow_version) or "—")
 
     @admin.display(description="search key", ordering="search_key")
     def search(self, run: WorkflowRun) -> str:
-        return _clipped(run.search_key)
+        return clipped_text(run.search_key)
 
-    @admin.display(description=_zoned("updated"), ordering="updated_at")
+    @admin.display(description=zoned_title("updated"), ordering="updated_at")
     def updated(self, run: WorkflowRun) -> str:
-        return _time(run.updated_at)
+        return list_time(run.updated_at)
 
     @admin.display(description="started")
     def started(self, run: WorkflowRun) -> str:
@@ -183,14 +183,14 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
     # --- permissions of the actions -------------------------------------------
 
     def has_wake_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "wake_workflowrun")
+        return self._holds_permission(request, "wake_workflowrun")
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "cancel_workflowrun")
+        return self._holds_permission(request, "cancel_workflowrun")
 
     def has_rerun_permission(self, request: HttpRequest) -> bool:
         # The permission kept its first codename, so existing grants still apply.
-        return self._has(request, "rerun_workflowrun")
+        return self._holds_permission(request, "rerun_workflowrun")
 
     # --- the run list -----------------------------------------------------------
 

@@ -38,7 +38,7 @@ from kumiko_workflows.store.streams import (
     RESUME_FAILED_REPEATEDLY,
     RunStream,
     fail_run,
-    raised,
+    failure_from_exception,
 )
 from kumiko_workflows.workflow import clock, suspensions
 from kumiko_workflows.workflow import event_types as et
@@ -391,7 +391,7 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
         row.resume_errors += 1
         if row.resume_errors < max_resume_errors():
             return False
-        failure = raised(
+        failure = failure_from_exception(
             RESUME_FAILED_REPEATEDLY,
             row.step,
             f"resuming the run raised on {row.resume_errors} passes in a row:",

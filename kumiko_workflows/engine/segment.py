@@ -38,7 +38,7 @@ from kumiko_workflows.store.streams import (
     Failure,
     RunStream,
     fail_run,
-    raised,
+    failure_from_exception,
     set_last_error,
 )
 from kumiko_workflows.workflow import event_types
@@ -182,7 +182,8 @@ class Executor:
             ) from None
 
     def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
-        return raised(STEP_FAILED, path_text(path), f"{self._label(path)}: {what}", exc)
+        where = f"{self._label(path)}: {what}"
+        return failure_from_exception(STEP_FAILED, path_text(path), where, exc)
 
     def invalid(self, path: tuple[Any, ...], detail: str) -> Exception:
         label = self._label(path)

@@ -29,7 +29,7 @@ from kumiko_workflows.store.streams import (
     INTERNAL_ERROR,
     Failure,
     RunStream,
-    raised,
+    failure_from_exception,
 )
 from kumiko_workflows.workflow import event_types
 from kumiko_workflows.workflow.cron import CronTrigger
@@ -137,12 +137,14 @@ def start_run(workflow: Workflow, event: Event, *, now: datetime | None = None) 
             if not trigger.filter(event):
                 return None
         except Exception as exc:
-            filter_error = raised(FILTER_FAILED, "", "the trigger filter raised", exc)
+            filter_error = failure_from_exception(
+                FILTER_FAILED, "", "the trigger filter raised", exc
+            )
     try:
         key = _idempotency_key(workflow, event)
     except Exception as exc:
         key = uuid.uuid4().hex
-        filter_error = filter_error or raised(
+        filter_error = filter_error or failure_from_exception(
             IDEMPOTENCY_KEY_FAILED, "", "the idempotency_key callable raised", exc
         )
     run_id = run_id_for(workflow.name, key, event.tenant_id)

@@ -203,7 +203,7 @@ _pacer: ContextVar[Callable[[], None] | None] = ContextVar("kumiko_signal_pacer"
 
 
 @contextmanager
-def paced(beat: Callable[[], None] | None) -> Iterator[None]:
+def beating_between_receivers(beat: Callable[[], None] | None) -> Iterator[None]:
     """Call ``beat`` before each receiver during the block (a worker's heartbeat).
 
     However long receivers take in all, the worker's heartbeat is never

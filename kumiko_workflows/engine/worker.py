@@ -194,7 +194,7 @@ class Worker:
 
     def run_single_pass(self, now: datetime | None = None) -> PassResult:
         """One pass as a worker of its own: on SQLite, refused while another one runs."""
-        with exclusive(), transitions.paced(self._beat):
+        with exclusive(), transitions.beating_between_receivers(self._beat):
             return self.run_once(now)
 
     def rehearse(self, now: datetime | None = None) -> Rehearsal[PassResult]:
@@ -250,7 +250,7 @@ class Worker:
 
     def run_forever(self) -> None:
         """Run passes until signalled (or ``max_runs``); refused on SQLite while another runs."""
-        with exclusive(), transitions.paced(self._beat):
+        with exclusive(), transitions.beating_between_receivers(self._beat):
             self._loop()
 
     def _loop(self) -> None:

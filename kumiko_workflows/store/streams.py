@@ -188,7 +188,7 @@ class Failure(Exception):
         Exception.__init__(self, self.message)
 
 
-def raised(reason: str, step: str, what: str, exc: BaseException) -> Failure:
+def failure_from_exception(reason: str, step: str, what: str, exc: BaseException) -> Failure:
     """A failure caused by user code raising ``exc``: generic text, class, traceback."""
     name = type(exc).__name__
     return Failure(
