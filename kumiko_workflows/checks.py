@@ -6,10 +6,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.core import checks
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.operations import CreateModel
 
 from kumiko_workflows.conf import DEFAULTS, import_callable, workflow_settings
+from kumiko_workflows.models import OutboxEntry
 from kumiko_workflows.operations.cutoff import retention_problem
 from kumiko_workflows.store.event_checks import name_problem
+from kumiko_workflows.store.outbox import aliases
 from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.validation import validate
@@ -112,6 +117,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 )
             )
     errors.extend(_database_problems(settings))
+    errors.extend(_outbox_problems(settings))
     return errors
 
 
@@ -165,6 +171,102 @@ def _database_problems(settings: Any) -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+def _outbox_problems(settings: Any) -> list[checks.CheckMessage]:
+    """``OUTBOX_DATABASES``: a list of the site's aliases, not the engine's (``E055``, ``E056``)."""
+    value = workflow_settings.OUTBOX_DATABASES
+    hint = (
+        'A list of DATABASES aliases of the site\'s own databases, e.g. ["default"]; each '
+        "gets its outbox table from manage.py migrate --database ALIAS."
+    )
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        return [
+            checks.Error(
+                f"KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] must be a list of database aliases, "
+                f"got {value!r}.",
+                hint=hint,
+                id="kumiko_workflows.E055",
+            )
+        ]
+    errors: list[checks.CheckMessage] = []
+    for alias in value:
+        if not isinstance(alias, str) or alias not in settings.DATABASES:
+            errors.append(
+                checks.Error(
+                    f"KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] names {alias!r}, which is not a key "
+                    "of DATABASES.",
+                    hint=f"Name one of: {', '.join(sorted(settings.DATABASES))}.",
+                    id="kumiko_workflows.E055",
+                )
+            )
+        elif alias == workflow_settings.DATABASE:
+            errors.append(
+                checks.Error(
+                    f"KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] names {alias!r}, the engine's own "
+                    "database (KUMIKO_WORKFLOWS['DATABASE']): an append in a transaction there "
+                    "is part of it already, and that outbox would never be used.",
+                    hint="List only the aliases of the site's other databases.",
+                    id="kumiko_workflows.E056",
+                )
+            )
+    return errors
+
+
+@checks.register("kumiko_workflows", checks.Tags.database)
+def check_outbox_tables(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The outbox table on each listed alias among ``databases`` that is migrated (``E057``).
+
+    An alias whose kumiko_workflows migrations are not all applied is left
+    to ``migrate`` (which runs this check first, and must not be stopped by
+    it); one where they are, without the table (a router of the site's kept
+    it off, or ``migrate --fake``), would fail every append made in its
+    transactions.
+    """
+    errors: list[checks.CheckMessage] = []
+    table = OutboxEntry._meta.db_table
+    for alias in aliases():
+        if alias not in (databases or ()) or alias not in connections.settings:
+            continue
+        connection = connections[alias]
+        if table in connection.introspection.table_names():
+            continue
+        executor = MigrationExecutor(connection)
+        targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP]
+        if executor.migration_plan(targets):
+            continue  # migrations to apply: migrate creates the table
+        before = _before_outbox(executor)
+        errors.append(
+            checks.Error(
+                f"KUMIKO_WORKFLOWS['OUTBOX_DATABASES'] names {alias!r}, where kumiko_workflows' "
+                f"migrations are applied but its outbox table {table!r} is missing: every "
+                f"append inside a transaction on {alias!r} would fail.",
+                hint=f"Let your DATABASE_ROUTERS allow migrating kumiko_workflows' OutboxEntry "
+                f"on {alias!r} (kumiko_workflows.routers.WorkflowsRouter does), then run "
+                f"manage.py migrate {APP} {before} --fake --database {alias} and manage.py "
+                f"migrate {APP} --database {alias}.",
+                id="kumiko_workflows.E057",
+            )
+        )
+    return errors
+
+
+APP = "kumiko_workflows"
+
+
+def _before_outbox(executor: Any) -> str:
+    """The name of the migration before the one that creates the outbox table."""
+    for (app, _), migration in executor.loader.disk_migrations.items():
+        creates = any(
+            isinstance(op, CreateModel) and op.name == "OutboxEntry" for op in migration.operations
+        )
+        if app == APP and creates:
+            return str(next(name for each, name in migration.dependencies if each == APP))
+    return "zero"
 
 
 @checks.register("kumiko_workflows")

@@ -14,6 +14,10 @@ DEFAULTS: dict[str, Any] = {
     # The database alias the engine's tables live on. Another than "default"
     # needs kumiko_workflows.routers.WorkflowsRouter in DATABASE_ROUTERS.
     "DATABASE": "default",
+    # Aliases of the site's own databases whose transactions an append joins
+    # through an outbox there (relayed to DATABASE after their commit); an
+    # append inside a transaction on another alias only is refused.
+    "OUTBOX_DATABASES": (),
     # Tenant used when append_event() is called without tenant_id.
     "DEFAULT_TENANT": "default",
     # Largest JSON payload (and metadata) one event may carry, in bytes.

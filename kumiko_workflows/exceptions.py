@@ -50,9 +50,22 @@ class CrossDatabaseTransaction(WorkflowError):
     transaction on one database alias appends (or cancels, wakes, reruns, or
     acts on a cron schedule) while ``KUMIKO_WORKFLOWS["DATABASE"]`` names
     another alias with no transaction open: the engine's writes would commit
-    at once, whatever became of the caller's transaction. Open a transaction
-    on the engine's alias too, or call after the caller's commits (the docs'
-    settings reference, "What is atomic with what").
+    at once, whatever became of the caller's transaction. List that alias in
+    ``KUMIKO_WORKFLOWS["OUTBOX_DATABASES"]`` (appends then join its
+    transactions through an outbox), open a transaction on the engine's
+    alias too, or call after the caller's commits (the docs' settings
+    reference, "What is atomic with what"). Also raised for what an outbox
+    cannot take: ``expected_version``, or transactions open on several
+    aliases at once.
+    """
+
+
+class OutboxNotMigrated(WorkflowError, ImproperlyConfigured):
+    """An alias of ``KUMIKO_WORKFLOWS["OUTBOX_DATABASES"]`` has no outbox table.
+
+    Raised before any write in the caller's transaction (which stays usable):
+    run ``manage.py migrate --database ALIAS`` (system check
+    ``kumiko_workflows.E057`` says more when the migrations are applied).
     """
 
 

@@ -39,7 +39,13 @@ def status(run_id: uuid.UUID) -> str:
 
 
 seen: dict[str, object] = {}
-seen["default_has_engine_tables"] = any(t.startswith("kumiko_workflows") for t in tables("default"))
+# The outbox table goes on every migrated alias (it is used where OUTBOX_DATABASES lists it).
+OUTBOX = "kumiko_workflows_outbox"
+site_tables = tables("default")
+seen["default_has_engine_tables"] = any(
+    t.startswith("kumiko_workflows") and t != OUTBOX for t in site_tables
+)
+seen["default_has_outbox"] = OUTBOX in site_tables
 seen["workflows_has_engine_tables"] = "kumiko_workflows_event" in tables("workflows")
 
 # A trigger starts a run that waits; the worker resumes it.

@@ -75,6 +75,7 @@ def test_the_engine_runs_on_a_second_database_alias(two_databases):
     seen = json.loads(_run(["-m", "tests.alias_site"], two_databases).strip().splitlines()[-1])
 
     assert seen["default_has_engine_tables"] is False
+    assert seen["default_has_outbox"] is True  # for OUTBOX_DATABASES (tests/test_outbox.py)
     assert seen["workflows_has_engine_tables"] is True
     assert (seen["wait_started"], seen["pending_rows"]) == ("waiting", 1), seen
     assert seen["wait_after_pass"] == "completed", seen
@@ -139,6 +140,8 @@ def test_what_is_atomic_with_what_when_the_engine_has_a_database_of_its_own(site
         "transaction is open"
     ), refused
     assert "transaction.atomic(using='workflows')" in refused["refused"]
+    # ... and the outbox that would make the append join the site's transaction.
+    assert "List 'default' in KUMIKO_WORKFLOWS['OUTBOX_DATABASES']" in refused["refused"]
     # Caught, it leaves the caller's transaction usable (and opens none on the engine's).
     caught = seen["refused_caught"]
     assert (caught["caught"], caught["engine_in_transaction"]) == (
@@ -176,6 +179,7 @@ def test_what_is_atomic_with_what_when_the_engine_has_a_database_of_its_own(site
     ], operations
     assert all(
         message.startswith(f"{name}() was called inside a transaction on database 'default'")
+        and "OUTBOX_DATABASES" not in message  # an outbox takes appends only
         for name, message in operations["refused_operations"].items()
     ), operations
     assert operations["run"] == "waiting", operations

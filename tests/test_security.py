@@ -438,7 +438,7 @@ RAW_SQL = re.compile(r"\.execute\(|\.executemany\(|\.raw\(|\.extra\(|RawSQL\(|\.
 #: The database layer: the connection, the hot cursors and the statements.
 SQL_MODULES = [
     PACKAGE / "store" / name
-    for name in ("db.py", "cursors.py", "appends.py", "claims.py", "statements.py")
+    for name in ("db.py", "cursors.py", "appends.py", "claims.py", "statements.py", "outbox.py")
 ]
 
 

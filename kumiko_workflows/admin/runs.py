@@ -36,9 +36,14 @@ from kumiko_workflows.operations.explain import (
     timeline,
     when,
 )
+from kumiko_workflows.operations.status import outbox_backlog, outbox_problems
 from kumiko_workflows.operations.version_table import stale_workers, version_table
 from kumiko_workflows.store.streams import FAILURE_REASONS
 from kumiko_workflows.workflow import clock
+
+#: Seconds an outbox's oldest append may wait before the run list says so
+#: (``workflow_status --check``'s default ``--max-lag``).
+OUTBOX_MAX_AGE = 60.0
 
 
 class FailureReasonFilter(admin.SimpleListFilter):
@@ -204,6 +209,10 @@ class WorkflowRunAdmin(RunActions, ScheduleControls, WorkflowAdmin):
         )
         context["kw_show_tenant"] = len({row["tenant_id"] for row in context["kw_schedules"]}) > 1
         context["kw_deploy_problems"] = self._deploy_problems(request)
+        # Appends committed in a site's transaction that no relay took (the
+        # health check's verdict on the outboxes, this staff user's tenant).
+        backlogs = outbox_backlog(admin_tenant(request))
+        context["kw_outbox_problems"] = outbox_problems(backlogs, OUTBOX_MAX_AGE)
         return super().changelist_view(request, context)
 
     def _deploy_problems(self, request: HttpRequest) -> list[str]:

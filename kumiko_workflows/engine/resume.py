@@ -26,14 +26,16 @@ from kumiko_workflows.engine.wakeups import (
     decide_waiting_checks,
 )
 from kumiko_workflows.exceptions import (
+    CrossDatabaseTransaction,
     InvalidArgument,
 )
 from kumiko_workflows.models import (
     WorkflowRunPending,
 )
-from kumiko_workflows.store import claims, db
+from kumiko_workflows.store import claims, db, outbox
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
+from kumiko_workflows.store.events import append_event
 from kumiko_workflows.store.streams import (
     RESUME_FAILED_REPEATEDLY,
     RunStream,
@@ -60,6 +62,8 @@ class ResumeReport:
     due for a worker that has it (see :mod:`kumiko_workflows.engine.deploys`).
     ``errors`` counts rows whose resume raised; the pass that fails such a
     run after ``MAX_RESUME_ERRORS`` of them counts it in ``failed``.
+    ``relayed`` counts appends a process left in an outbox, relayed first
+    (:mod:`kumiko_workflows.store.outbox`).
     """
 
     resumed: int = 0
@@ -68,6 +72,10 @@ class ResumeReport:
     failed: int = 0
     errors: int = 0
     left: int = 0
+    #: Appends a process left in an outbox (it died after its commit), relayed first.
+    relayed: int = 0
+    #: Outbox rows whose relay raised (kept; see the log), or 1 when an outbox could not be read.
+    relay_errors: int = 0
 
     def add(self, other: ResumeReport) -> None:
         for field in fields(self):
@@ -83,8 +91,9 @@ class ResumeReport:
     def __str__(self) -> str:
         # ``left`` only when some were: it happens during a deploy, and says so.
         items = self.as_dict()
-        if not items["left"]:
-            del items["left"]
+        for quiet in ("left", "relayed", "relay_errors"):  # only when some were
+            if not items[quiet]:
+                del items[quiet]
         return " ".join(f"{key}={value}" for key, value in items.items())
 
 
@@ -127,6 +136,13 @@ def resume_due_runs(
             raise InvalidArgument(f"tenants must be a list of tenant ids, got {tenants!r}")
         for each in tenants:
             check_name(each, "tenants", "tenant_id")
+    refuse_foreign_transaction()
+    report = ResumeReport()
+    # Appends committed in a site's transaction whose process died before
+    # relaying them, first: the runs they start or wake take part in this pass.
+    report.relayed, report.relay_errors = _relay_outboxes(
+        [tenant_id] if tenant_id is not None else tenants
+    )
     # Wake-ups not yet decided (their process died after commit, or a row
     # was locked) first, so the runs they wake are due in this pass.
     for checked in [tenant_id] if tenants is None else list(tenants):
@@ -140,12 +156,44 @@ def resume_due_runs(
     def moment() -> datetime:
         return fixed or clock.now()
 
-    report = ResumeReport()
     stop = should_stop or (lambda: False)
     leaving = deploys.leaving()
     with claims.claiming_only(workflows) if workflows is not None else nullcontext():
         _take_turns(tenant_id, tenants, start, moment, report, limit, stop, leaving)
     return report
+
+
+def refuse_foreign_transaction() -> None:
+    """Refuse (:class:`CrossDatabaseTransaction`) a pass inside a transaction on another alias.
+
+    With none open on the engine's alias: the pass commits its batches there
+    as it goes, while the writes its steps make to that other database would
+    wait for the caller's transaction, and roll back with it, apart from the
+    runs they belong to. (With one open on the engine's too, as a test case's,
+    both hold everything the pass does, and commit or roll back with the
+    caller.)
+    """
+    other = db.foreign_transaction()
+    if other is not None:
+        raise CrossDatabaseTransaction(
+            f"resume_due_runs() was called inside a transaction on database {other!r}: the "
+            f"pass commits its runs on the engine's database ({db.alias()!r}) as it goes, "
+            f"while the steps' writes to {other!r} would wait for your transaction there, "
+            f"and roll back with it. Nothing was done. Call it outside any transaction"
+        )
+
+
+def _relay_outboxes(tenants: Sequence[str] | None) -> tuple[int, int]:
+    """Relay what processes left in the outboxes: (rows relayed, errors)."""
+    try:
+        relayed = outbox.relay_leftovers(append_event, tenants=tenants)
+    except Exception:
+        if db.connection_broken():
+            raise
+        # An outbox not migrated or unreachable: resuming goes on all the same.
+        logger.exception("the outboxes could not be relayed; the next pass tries again")
+        return 0, 1
+    return relayed.relayed, relayed.failed
 
 
 def _take_turns(

@@ -59,14 +59,19 @@ class PassResult:
 
     @property
     def errors(self) -> int:
-        return self.report.errors + self.cron_errors
+        return self.report.errors + self.cron_errors + self.report.relay_errors
 
     @property
     def idle(self) -> bool:
         """Nothing happened that this worker did: no run resumed or failed, no error, no slot."""
         report = self.report
         return not (
-            report.resumed or report.failed or self.errors or self.fired or self.redelivered
+            report.resumed
+            or report.failed
+            or self.errors
+            or self.fired
+            or self.redelivered
+            or report.relayed
         )
 
     def __str__(self) -> str:
@@ -239,7 +244,7 @@ class Worker:
         self.totals.add(report)
         self.fired += fired
         self.passes += 1
-        self.errors += report.errors
+        self.errors += report.errors + report.relay_errors
         self.errors += cron_errors
         result = PassResult(report, fired, cron_errors, redelivered)
         telemetry.worker_pass(report.errors, cron_errors)
@@ -291,7 +296,8 @@ class Worker:
                 backoff = 1.0
                 if self.stopping or self._done():
                     break
-                if result.report.resumed or result.fired or result.redelivered:
+                report = result.report
+                if report.resumed or report.relayed or result.fired or result.redelivered:
                     continue  # progress was made: more may be due right away
                 self._sleep(self._sleep_seconds(), listener)
         finally:

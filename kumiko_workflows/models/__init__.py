@@ -6,7 +6,9 @@ and ``WorkflowRunPending`` (one row per suspended step: when it is due,
 :mod:`~kumiko_workflows.models.pending`) are projections:
 ``rebuild_workflow_projections`` recreates them from the events. The
 engine's bookkeeping (tombstones, heartbeats, the signals' outbox, deployed
-definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`.
+definitions, task attempts) is :mod:`~kumiko_workflows.models.bookkeeping`;
+the outbox on the site's databases and its relays' records,
+:mod:`~kumiko_workflows.models.outbox`.
 Django finds every model here, as ``kumiko_workflows.models``.
 """
 
@@ -20,6 +22,7 @@ from kumiko_workflows.models.bookkeeping import (
     WorkerHeartbeat,
 )
 from kumiko_workflows.models.events import Event, EventQuerySet
+from kumiko_workflows.models.outbox import OutboxEntry, RelayedAppend
 from kumiko_workflows.models.pending import (
     KEYED_BATCH,
     WakeCheck,
@@ -41,7 +44,9 @@ __all__ = [
     "DeployedDefinition",
     "Event",
     "EventQuerySet",
+    "OutboxEntry",
     "PurgedRun",
+    "RelayedAppend",
     "RunStatus",
     "SignalDelivery",
     "SuspensionType",

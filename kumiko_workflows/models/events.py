@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import models
@@ -49,6 +50,11 @@ class Event(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = EventQuerySet.as_manager()
+
+    #: On the unsaved Event ``append_event`` returns when the append went to
+    #: an outbox (``KUMIKO_WORKFLOWS['OUTBOX_DATABASES']``): the id of its
+    #: relay. Its ``id`` and ``version`` are None: it is appended after commit.
+    relay_id: uuid.UUID | None = None
 
     class Meta:
         constraints = [

@@ -3,8 +3,8 @@
 What ``manage.py workflow_status`` prints, as JSON-ready data: counts of runs
 by workflow and status, the runs in flight per workflow and version, the
 pending rows and the oldest due one with its lag, the due backlog per
-tenant, the workers and when each last passed, the cron schedules, and the
-health check (``--check``). A heartbeat's age is read on the database's
+tenant, the workers and when each last passed, the cron schedules, each
+outbox's backlog, and the health check (``--check``). A heartbeat's age is read on the database's
 clock, the one it was written with, never on this process's.
 """
 
@@ -13,7 +13,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db import DatabaseError, InterfaceError
 from django.db.models import Count
+from django.utils.connection import ConnectionDoesNotExist
 
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.models import RunStatus, WorkerHeartbeat, WorkflowRun, WorkflowRunPending
@@ -22,7 +24,7 @@ from kumiko_workflows.operations.version_table import (
     stale_workers,
     version_table,
 )
-from kumiko_workflows.store import claims, db
+from kumiko_workflows.store import claims, db, outbox
 
 
 def status_report(
@@ -54,6 +56,7 @@ def status_report(
         "workers": workers(tenant),
     }
     report["cron"] = cron_schedules(tenant, now)
+    report["outbox"] = outbox_backlog(tenant)
     if failed_limit is not None:
         rows = runs.failed().order_by("-finished_at", "-updated_at")[:failed_limit]
         report["failed"] = [
@@ -109,6 +112,45 @@ def oldest_due(tenant: str | None, now: datetime) -> dict[str, Any] | None:
         "lag_seconds": round(lag.total_seconds(), 3),
         "lag": humanize(lag),
     }
+
+
+def outbox_backlog(tenant: str | None = None) -> dict[str, dict[str, Any]]:
+    """Each outbox's backlog (``KUMIKO_WORKFLOWS['OUTBOX_DATABASES']``), by alias.
+
+    Appends committed in a site's transaction and not yet relayed to the
+    engine's database: a few for an instant after each commit; more, or an
+    old one, when processes die after their commits and no worker passes,
+    or a relay keeps failing (``held``). An alias that cannot be read says
+    why, and the others are still shown.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for alias in outbox.aliases():
+        try:
+            found[alias] = outbox.backlog(alias, tenant)
+        except (DatabaseError, InterfaceError, ConnectionDoesNotExist) as exc:
+            found[alias] = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())}
+    return found
+
+
+def outbox_problems(backlogs: dict[str, dict[str, Any]], max_lag: float | None) -> list[str]:
+    """What ``--check`` says of the outboxes: unreadable, rows held, or one older than max_lag."""
+    problems = []
+    for alias, backlog in backlogs.items():
+        if "error" in backlog:
+            problems.append(f"the outbox on {alias!r} cannot be read: {backlog['error']}")
+            continue
+        if backlog["held"]:
+            problems.append(
+                f"the outbox on {alias!r} holds {backlog['held']} append(s) whose relay failed "
+                f"every time (the oldest: {backlog['last_error']})"
+            )
+        age = backlog["oldest_seconds"]
+        if max_lag is not None and age is not None and age > max_lag:
+            problems.append(
+                f"the outbox on {alias!r} has an append waiting {age:g} s to be relayed: more "
+                f"than {max_lag:g} s (no worker passes, or its relay fails)"
+            )
+    return problems
 
 
 def workers(tenant: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
@@ -179,9 +221,12 @@ def health(
             f"no worker{where}{serving} has passed in the last {limit:g} s "
             f"(the latest, {freshest['name']}, {freshest['age']} ago)"
         )
+    backlogs = outbox_backlog(tenant)
+    problems.extend(outbox_problems(backlogs, max_lag))
     return {
         "healthy": not problems,
         "problems": problems,
+        "outbox": backlogs,
         "max_lag_seconds": max_lag,
         "max_heartbeat_age_seconds": max_heartbeat_age,
         "oldest_due": due,

@@ -105,6 +105,22 @@ def foreign_transaction() -> str | None:
     return None
 
 
+def transactions_elsewhere() -> list[str]:
+    """The aliases other than the engine's with a transaction open in this thread (no SQL).
+
+    Whatever the engine's own connection is doing: the outbox joins such a
+    transaction (:mod:`kumiko_workflows.store.outbox`).
+    """
+    if len(connections.settings) == 1:
+        return []
+    own = alias()
+    return [
+        str(conn.alias)
+        for conn in connections.all(initialized_only=True)
+        if conn.alias != own and _in_transaction(conn)
+    ]
+
+
 def set_rollback(rollback: bool) -> None:
     transaction.set_rollback(rollback, using=alias())
 
@@ -203,14 +219,15 @@ def _now_sql(conn: BaseDatabaseWrapper, *, with_params: bool) -> str:
     return sql.replace("%", "%%") if with_params else sql
 
 
-def database_now() -> datetime:
+def database_now(using: str | None = None) -> datetime:
     """The engine's database's clock now: the one clock of instants other processes wrote.
 
     Workers write their heartbeats with ``Now()`` (this clock), and their
     age is judged on it too, so no process's own clock, however far it is
-    off, makes a dead worker look alive or a live one dead.
+    off, makes a dead worker look alive or a live one dead. ``using`` reads
+    another alias's clock instead (an outbox's rows are written on it).
     """
-    conn = engine()
+    conn = engine() if using is None else connections[using]
     with conn.cursor() as cursor:
         cursor.execute(f"SELECT {_now_sql(conn, with_params=False)}")
         (value,) = cursor.fetchone()

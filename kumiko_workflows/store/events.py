@@ -36,7 +36,7 @@ from kumiko_workflows.exceptions import (
     VersionConflict,
 )
 from kumiko_workflows.models import Event
-from kumiko_workflows.store import appends, cursors, statements
+from kumiko_workflows.store import appends, cursors, outbox, statements
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.appends import EVENT_COLUMNS
 from kumiko_workflows.store.db import chains_writes
@@ -57,6 +57,7 @@ from kumiko_workflows.workflow.arguments import clipped_repr
 
 _NEXT_VERSION_ATTEMPTS = 3
 
+
 def joins_callers_transaction(operation: str) -> None:
     """Refuse (:class:`CrossDatabaseTransaction`) to write outside the caller's transaction.
 
@@ -71,12 +72,13 @@ def joins_callers_transaction(operation: str) -> None:
     if other is None:
         return
     own = db_statements.alias()
+    way = outbox.refusal_hint(other) if operation == "append_event" else ""  # appends only
     raise CrossDatabaseTransaction(
         f"{operation}() was called inside a transaction on database {other!r}, but the "
         f"engine's tables are on {own!r} (KUMIKO_WORKFLOWS['DATABASE']), where no transaction "
         f"is open: its writes (events, the runs they start, their signals) would commit at "
-        f"once, even if the transaction on {other!r} rolls back. Nothing was written. Open "
-        f"transaction.atomic(using={own!r}) around your transaction on {other!r} (the "
+        f"once, even if the transaction on {other!r} rolls back. Nothing was written. {way}"
+        f"Open transaction.atomic(using={own!r}) around your transaction on {other!r} (the "
         f"engine's writes then commit or roll back with it, just after yours), or make the "
         f"call once {other!r} has committed"
     )
@@ -114,10 +116,12 @@ def append_event(
     unwind on any error (the engine's own run streams): it saves the
     savepoint round trips, and a failing projection then dooms that block.
 
-    Inside a transaction on another database than the engine's
-    (``KUMIKO_WORKFLOWS["DATABASE"]``) with none open on the engine's, it
-    raises :class:`CrossDatabaseTransaction` and writes nothing: the
-    append would not be part of the caller's transaction.
+    Inside a transaction on an alias of ``KUMIKO_WORKFLOWS["OUTBOX_DATABASES"]``
+    the event goes to its outbox instead, relayed after the commit, and is
+    returned unsaved (:mod:`kumiko_workflows.store.outbox`). Inside one on
+    another database than the engine's, not listed, with none open on the
+    engine's, it raises :class:`CrossDatabaseTransaction` and writes nothing:
+    the append would not be part of the caller's transaction.
     """
     event, texts = _prepared(
         aggregate_id,
@@ -131,6 +135,15 @@ def append_event(
         event_version,
         created_at,
     )
+    # The engine's own streams (cancel_run...): where the operation's check lets them be.
+    into = None if event.aggregate_type in ENGINE_STREAMS else outbox.alias_for_append()
+    if into is not None:
+        outbox.refuse_expected_version(into, expected_version)
+        refusal = _refusal(event, None)  # the stream's tenant and type, read now
+        if refusal is not None:
+            raise refusal
+        event.relay_id = outbox.enqueue(into, event, append_event)
+        return event
     joins_callers_transaction("append_event")
     # The engine's right to write its streams covers this append only, not the
     # appends of the projections it sets off: a workflow triggered by a run

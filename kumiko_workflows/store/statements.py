@@ -1,7 +1,8 @@
-"""The other raw statements: wait look-ups, projection rows, retention, outbox, deployments.
+"""The other raw statements: wait look-ups, projection rows, retention, outboxes, deployments.
 
 Wait look-ups, the projections' row writes, retention (purged runs), the run
-signals' outbox and the deployed definitions.
+signals' outbox, the outbox on the site's databases and its relays' records,
+and the deployed definitions.
 
 Each is one the ORM cannot say well (a loose index scan, a chained write, a
 delete ``Event`` refuses through the ORM), built once per shape through the
@@ -14,10 +15,14 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
+from django.db import connections
+
 from kumiko_workflows.models import (
     DeployedDefinition,
     Event,
+    OutboxEntry,
     PurgedRun,
+    RelayedAppend,
     SignalDelivery,
     WorkflowRun,
     WorkflowRunPending,
@@ -283,6 +288,76 @@ def delete_signal_delivery(event_id: int) -> None:
 
     with hot_cursor() as cursor:
         cursor.execute(statement(("delete_signal_delivery",), build), [event_id])
+
+
+# --- the outbox on the site's databases (store/outbox) -------------------------
+
+
+def take_outbox_lock(using: str) -> None:
+    """In a transaction on ``using``: hold what keeps two relays of its outbox apart.
+
+    On a database that locks rows (``FOR UPDATE SKIP LOCKED``) nothing: each
+    relay locks the rows it takes. On SQLite, the write lock, taken first
+    with a write that touches no row (a transaction that reads first and
+    writes later cannot wait for the lock; see
+    :func:`kumiko_workflows.store.claims._take_write_lock`): relays of one
+    file take turns.
+    """
+    conn = connections[using]
+    if conn.features.has_select_for_update:
+        return
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {conn.ops.quote_name(OutboxEntry._meta.db_table)} WHERE id = -1"  # noqa: S608
+        )
+
+
+def record_relay(relay_id: Any, source: str) -> bool:
+    """Record that the outbox row ``relay_id`` of ``source`` is appended; False if it was.
+
+    In the engine's transaction of the append: one statement, which waits
+    for a racing relay's uncommitted record of the same row, if any.
+    """
+    conn = engine()
+
+    def build() -> str:
+        table = conn.ops.quote_name(RelayedAppend._meta.db_table)
+        return (
+            f"INSERT INTO {table} (relay_id, source, relayed_at) "  # noqa: S608
+            f"VALUES (%s, %s, {_now_sql(conn, with_params=True)}) "
+            "ON CONFLICT (relay_id) DO NOTHING"
+        )
+
+    field = RelayedAppend._meta.get_field("relay_id")
+    with conn.cursor() as cursor:
+        cursor.execute(
+            statement(("record_relay",), build), [field.get_db_prep_value(relay_id, conn), source]
+        )
+        return bool(cursor.rowcount == 1)
+
+
+def forget_relays(relay_ids: Sequence[Any]) -> None:
+    """Delete the records of relayed outbox rows whose deletion has committed (autocommit).
+
+    On PostgreSQL its commit does not wait for the WAL to reach the disk
+    (``synchronous_commit`` off for this one statement's transaction, as
+    :func:`delete_signal_delivery` does): a record a server crash brings back
+    is harmless (its outbox row is gone) and the next pass's sweep deletes it.
+    """
+    conn = engine()
+    table = conn.ops.quote_name(RelayedAppend._meta.db_table)
+    marks = ", ".join(["%s"] * len(relay_ids))
+    if conn.vendor == "postgresql":
+        relax = "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+        sql = (
+            f"{relax}DELETE FROM {table} WHERE relay_id IN ({marks}) "  # noqa: S608
+            "AND EXISTS (SELECT 1 FROM relaxed)"
+        )
+    else:
+        sql = f"DELETE FROM {table} WHERE relay_id IN ({marks})"  # noqa: S608 - identifiers
+    field = RelayedAppend._meta.get_field("relay_id")
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [field.get_db_prep_value(each, conn) for each in relay_ids])
 
 
 # --- deployed definitions (engine/deploys) -------------------------------------

@@ -180,6 +180,11 @@ class Command(BaseCommand):
                 )
             if result.cron_errors:
                 self.stderr.write("resume_due_runs: cron schedules could not fire; see the log")
+            if result.report.relay_errors:
+                self.stderr.write(
+                    f"resume_due_runs: {result.report.relay_errors} outbox append(s) could not "
+                    "be relayed (they stay in the outbox); see the log"
+                )
 
         worker = Worker(
             tenants=options["tenants"],
@@ -235,7 +240,10 @@ class Command(BaseCommand):
         except (DatabaseError, InterfaceError) as exc:
             raise CommandError(f"the database is unavailable: {exc}".strip()) from exc
         if result.errors:
+            relays = result.report.relay_errors
             raise CommandError(
                 f"{result.report.errors} run(s) could not be resumed and "
-                f"{result.cron_errors} cron pass(es) failed; see the log"
+                f"{result.cron_errors} cron pass(es) failed"
+                + (f" and {relays} outbox relay(s) failed" if relays else "")
+                + "; see the log"
             )

@@ -19,7 +19,7 @@ itself is :mod:`kumiko_workflows.operations.status`; this is its shell.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -27,6 +27,7 @@ from django.db import DatabaseError, InterfaceError
 
 from kumiko_workflows.management.arguments import positive_int, seconds_or_off
 from kumiko_workflows.models import RunStatus
+from kumiko_workflows.operations.explain import humanize
 from kumiko_workflows.operations.status import (
     health,
     status_report,
@@ -145,6 +146,23 @@ class Command(BaseCommand):
         if "failed" in report:
             self._print_failed(report["failed"])
         print_cron(self, report["cron"])
+        self._print_outbox(report["outbox"])
+
+    def _print_outbox(self, backlogs: dict[str, dict[str, Any]]) -> None:
+        if not backlogs:
+            return  # no outbox configured
+        self.stdout.write(self.style.MIGRATE_HEADING("Outbox") + "  appends not yet relayed")
+        for alias, backlog in backlogs.items():
+            if "error" in backlog:
+                error = f"  {alias}: cannot be read: {backlog['error']}"
+                self.stdout.write(self.style.ERROR(error))
+                continue
+            age = backlog["oldest_seconds"]
+            oldest = "" if age is None else f", the oldest {humanize(timedelta(seconds=age))} old"
+            line = f"  {alias}: {backlog['waiting']} waiting{oldest}"
+            if backlog["held"]:
+                line += f"; {backlog['held']} held after failing: {backlog['last_error']}"
+            self.stdout.write(self.style.WARNING(line) if backlog["held"] else line)
 
     def _print_counts(self, report: dict[str, Any]) -> None:
         scope = f"tenant {report['tenant']!r}" if report["tenant"] else "all tenants"
