@@ -93,6 +93,7 @@ def _seed(runs: int, now: Any) -> None:
         "WHEN i %% 100 < 87 THEN 'cancelled' WHEN i %% 100 < 97 THEN 'waiting' ELSE 'running' END"
     )
     reasons = " ".join(f"WHEN {n} THEN '{reason}'" for n, reason in enumerate(REASONS))
+    add: Callable[[str, str], str]
     if pg:
         uuid, text = "gen_random_uuid()", "i::text"
         started = f"%s::timestamptz - (i::float8 / %s) * interval '{DAYS} days'"
@@ -112,7 +113,7 @@ def _seed(runs: int, now: Any) -> None:
             "idempotency_key, search_key, status, step, suspension_type, wake_at, "
             "awaited_event_type, retry_attempt, failure_reason, error_class, last_error, "
             "definition_fingerprint, trigger_event_id, version, started_at, updated_at, "
-            "finished_at) "
+            "finished_at, parent_group) "
             f"SELECT {uuid}, 'bench-tenant-' || (i %% {TENANTS}), 'bench-workflow-' || "
             f"(i %% {WORKFLOWS}), 1, 'k' || {text}, 'k' || {text}, s.status, "
             "CASE WHEN s.status IN ('waiting', 'failed', 'running') THEN '1' ELSE '' END, "
@@ -120,7 +121,7 @@ def _seed(runs: int, now: Any) -> None:
             f"CASE WHEN s.status = 'failed' THEN CASE i %% {len(REASONS)} {reasons} END "
             f"ELSE '' END, '', '', 'bench', NULL, {EVENTS_PER_RUN}, s.started, s.started, "
             "CASE WHEN s.status IN ('completed', 'failed', 'cancelled') "
-            f"THEN {add('s.started', 'i %% 600')} END "
+            f"THEN {add('s.started', 'i %% 600')} END, '' "
             f"FROM (SELECT i, {status} AS status, {started} AS started FROM {source}) s",
             [stamp, runs, *params] if pg else [*params, stamp, runs],
         )
