@@ -10,6 +10,6 @@ from __future__ import annotations
 from kumiko_workflows.tasks import compat
 
 
-@compat.task()
+@compat.task()  # type: ignore[untyped-decorator]  # Django's Tasks, untyped here
 def noop() -> None:
     return None

@@ -93,6 +93,7 @@ def _seed(runs: int, now: Any) -> None:
         "WHEN i %% 100 < 87 THEN 'cancelled' WHEN i %% 100 < 97 THEN 'waiting' ELSE 'running' END"
     )
     reasons = " ".join(f"WHEN {n} THEN '{reason}'" for n, reason in enumerate(REASONS))
+    add: Callable[[str, str], str]
     if pg:
         uuid, text = "gen_random_uuid()", "i::text"
         started = f"%s::timestamptz - (i::float8 / %s) * interval '{DAYS} days'"

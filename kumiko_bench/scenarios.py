@@ -122,11 +122,11 @@ def _first(ctx: Any) -> dict[str, Any]:
 
 def _second(ctx: Any) -> int:
     # Reads the result of the step before the wait: restored from the pending row.
-    return ctx.steps["first"]["n"] + 1
+    return int(ctx.steps["first"]["n"]) + 1
 
 
 def _wake_at(ctx: Any) -> str:
-    return ctx.event.payload["wake_at"]
+    return str(ctx.event.payload["wake_at"])
 
 
 def _wake_match_for(key: str) -> dict[str, Any]:
@@ -157,7 +157,7 @@ def _noop(ctx: Any) -> None:
 
 
 def _key(event: Any) -> str:
-    return event.payload["key"]
+    return str(event.payload["key"])
 
 
 def _fan_items(ctx: Any) -> list[int]:
@@ -254,7 +254,7 @@ class Bench:
         self.results: list[Result | Skipped] = []
         self.vendor = connection.vendor
         self.scratch: ScratchDatabase | None = None
-        self.workers: list[subprocess.Popen] = []
+        self.workers: list[subprocess.Popen[Any]] = []
         register_bench_workflows()
 
     # -- helpers ----------------------------------------------------------------
@@ -331,7 +331,7 @@ class Bench:
 
     # -- workers ------------------------------------------------------------------
 
-    def start_workers(self, mode: str, count: int, *extra: str) -> list[subprocess.Popen]:
+    def start_workers(self, mode: str, count: int, *extra: str) -> list[subprocess.Popen[Any]]:
         assert self.scratch is not None and self.scratch.exists, "workers need a scratch database"
         procs = []
         for _ in range(count):
@@ -361,7 +361,7 @@ class Bench:
                 raise RuntimeError(f"bench worker did not start: {line!r}")
         return procs
 
-    def go(self, procs: list[subprocess.Popen]) -> tuple[float, list[dict[str, Any]]]:
+    def go(self, procs: list[subprocess.Popen[Any]]) -> tuple[float, list[dict[str, Any]]]:
         """Release started workers together; wall time until all finished, and their reports."""
         started = time.perf_counter()
         for proc in procs:
@@ -1061,7 +1061,7 @@ class Bench:
             f"big_beside_s={statistics.median(beside):.3f}"
         )
 
-    def _until_completed(self, procs: list[subprocess.Popen], count: int) -> float:
+    def _until_completed(self, procs: list[subprocess.Popen[Any]], count: int) -> float:
         """Release ``--loop`` workers, wait until ``count`` runs completed, stop them: seconds."""
         started = time.perf_counter()
         try:

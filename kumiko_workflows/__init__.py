@@ -42,7 +42,6 @@ _EXPORTS = {
     "InvalidMatchExpression": "kumiko_workflows.exceptions",
     "RunNotFound": "kumiko_workflows.exceptions",
     "RunNotRerunnable": "kumiko_workflows.exceptions",
-    "RunNotRetryable": "kumiko_workflows.exceptions",
     "ScheduleError": "kumiko_workflows.exceptions",
     "InvalidArgument": "kumiko_workflows.exceptions",
     "MigrationRefused": "kumiko_workflows.exceptions",
@@ -51,7 +50,6 @@ _EXPORTS = {
     "cancel_run": "kumiko_workflows.engine.run_controls",
     "wake_run": "kumiko_workflows.engine.run_controls",
     "rerun_run": "kumiko_workflows.engine.run_controls",
-    "retry_run": "kumiko_workflows.engine.run_controls",
     "fire_due_schedules": "kumiko_workflows.engine.cron",
     "start_in_worker": "kumiko_workflows.engine.starts",
     "await_run_finished": "kumiko_workflows.aio",
@@ -60,7 +58,7 @@ _EXPORTS = {
     "awake_run": "kumiko_workflows.aio",
     "acancel_run": "kumiko_workflows.aio",
     "aappend_event": "kumiko_workflows.aio",
-    "migrate_workflow_runs": "kumiko_workflows.engine.versions",
+    "migrate_workflow_runs": "kumiko_workflows.engine.version_moves",
     "pause_schedule": "kumiko_workflows.engine.schedule_controls",
     "resume_schedule": "kumiko_workflows.engine.schedule_controls",
     "fire_schedule_now": "kumiko_workflows.engine.schedule_controls",
@@ -86,7 +84,6 @@ __all__ = [
     "RunContext",
     "RunNotFound",
     "RunNotRerunnable",
-    "RunNotRetryable",
     "ScheduleError",
     "StreamIdentityError",
     "VersionConflict",
@@ -109,7 +106,6 @@ __all__ = [
     "rerun_run",
     "resume_due_runs",
     "resume_schedule",
-    "retry_run",
     "run_id_for",
     "start_in_worker",
     "steps",
@@ -129,7 +125,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from kumiko_workflows.engine.cron import fire_due_schedules
     from kumiko_workflows.engine.resume import resume_due_runs
-    from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, retry_run, wake_run
+    from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, wake_run
     from kumiko_workflows.engine.schedule_controls import (
         fire_schedule_now,
         pause_schedule,
@@ -137,7 +133,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from kumiko_workflows.engine.segment import RunContext
     from kumiko_workflows.engine.starts import start_in_worker
-    from kumiko_workflows.engine.versions import migrate_workflow_runs
+    from kumiko_workflows.engine.version_moves import migrate_workflow_runs
     from kumiko_workflows.exceptions import (
         AppendOnlyError,
         CrossDatabaseTransaction,
@@ -149,7 +145,6 @@ if TYPE_CHECKING:  # pragma: no cover
         OutboxNotMigrated,
         RunNotFound,
         RunNotRerunnable,
-        RunNotRetryable,
         ScheduleError,
         StreamIdentityError,
         VersionConflict,

@@ -36,7 +36,7 @@ class KumikoWorkflowsConfig(AppConfig):
             # In the order they must run; reactions after the projections.
             projections.register(
                 "kumiko_workflows.run_status",
-                run_status.HANDLED,
+                run_status.handles,
                 run_status.project_run_status,
                 order=10,
                 builtin=True,
@@ -44,7 +44,7 @@ class KumikoWorkflowsConfig(AppConfig):
             )
             projections.register(
                 "kumiko_workflows.pending",
-                run_status.HANDLED,
+                run_status.handles,
                 pending.project_pending,
                 order=20,
                 builtin=True,
@@ -110,7 +110,7 @@ class KumikoWorkflowsConfig(AppConfig):
             # Signals after commit: the last to see an event, never replayed.
             projections.register(
                 "kumiko_workflows.signals",
-                transitions.HANDLED,
+                transitions.handles,
                 transitions.announce,
                 order=50,
                 replay=False,

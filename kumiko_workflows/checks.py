@@ -18,6 +18,7 @@ from kumiko_workflows.operations.distribute import undistributed
 from kumiko_workflows.store.event_checks import name_problem
 from kumiko_workflows.store.outbox import aliases
 from kumiko_workflows.store.statements import has_outbox_table
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.validation import validate
 
@@ -155,7 +156,7 @@ def _weight_problems(weights: Any) -> list[checks.CheckMessage]:
             id="kumiko_workflows.E110",
         )
         for tenant, weight in weights.items()
-        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1
+        if not int_between(weight, 1)
     ]
 
 
@@ -279,7 +280,7 @@ def _before_outbox(executor: Any) -> str:
             isinstance(op, CreateModel) and op.name == "OutboxEntry" for op in migration.operations
         )
         if app == APP and creates:
-            return next(name for each, name in migration.dependencies if each == APP)
+            return str(next(name for each, name in migration.dependencies if each == APP))
     return "zero"
 
 

@@ -103,10 +103,6 @@ class RunNotRerunnable(WorkflowError):
     """The failed run cannot be rerun (see :func:`kumiko_workflows.rerun_run`)."""
 
 
-#: Deprecated: the old name of :class:`RunNotRerunnable` (the same class).
-RunNotRetryable = RunNotRerunnable
-
-
 class MigrationRefused(WorkflowError):
     """The runs cannot be moved to that version of their workflow; none was moved."""
 

@@ -40,7 +40,7 @@ class WorkflowsRouter:
     ) -> bool | None:
         # The outbox on any alias; the rest (and operations tied to no model) on the engine's.
         if app_label == APP_LABEL:
-            return model_name == OUTBOX_MODEL or db == workflow_settings.DATABASE
+            return model_name == OUTBOX_MODEL or bool(db == workflow_settings.DATABASE)
         return None
 
 def _engine_alias(model: type[Any]) -> str | None:

@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.utils import timezone
 
@@ -45,7 +45,7 @@ try:
 except ImportError:  # the optional extra is not installed: every hook is a no-op
     context = metrics = trace = None  # type: ignore[assignment]
 
-logger = logging.getLogger("kumiko_workflows.telemetry")
+logger = logging.getLogger(__name__)
 
 # Attribute keys, on spans and metrics alike.
 RUN_ID = "kumiko.run_id"
@@ -68,18 +68,22 @@ _LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900
 _STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
-#: The segment outcome a run event means.
+#: The segment outcome a run event that suspends no run means; a suspending
+#: event's is its record's (:func:`outcome_of`).
 _OUTCOMES = {
     et.RUN_STARTED: "started",
-    et.RUN_QUEUED: "queued",
-    et.WAITING: "suspended",
-    et.WAITING_FOR_EVENT: "suspended",
-    et.RETRY_SCHEDULED: "suspended",
-    et.WAITING_FOR_CHILDREN: "suspended",
-    et.COMPENSATION_SCHEDULED: "suspended",
     et.RUN_COMPLETED: "completed",
     et.RUN_FAILED: "failed",
 }
+
+
+def outcome_of(event_type: str) -> str | None:
+    """The outcome label a run event gives its segment's span, or None (it changes none)."""
+    found = _OUTCOMES.get(event_type)
+    if found is not None:
+        return found
+    record = suspensions.for_event(event_type)
+    return None if record is None else record.outcome
 
 
 class _Instruments:
@@ -307,7 +311,7 @@ def traced_resume(resume_row: _F) -> _F:
     def resume(row: Any, trigger: Any, now: datetime) -> tuple[str, bool]:
         active = _live()
         if active is None:
-            return resume_row(row, trigger, now)
+            return cast(tuple[str, bool], resume_row(row, trigger, now))
         state = row.state if isinstance(row.state, dict) else {}
         link = state.get("trace")
         start = _span_context(link)
@@ -423,7 +427,7 @@ def appended(stream: Any, type: str, payload: dict[str, Any]) -> None:
         segment.run_id = stream.run_id
         segment.span.set_attribute(RUN_ID, str(stream.run_id))
     if segment is not None and segment.run_id == stream.run_id:
-        segment.outcome = _OUTCOMES.get(type, segment.outcome)
+        segment.outcome = outcome_of(type) or segment.outcome
         if type == et.RUN_FAILED:
             reason = payload.get("reason") or ""
             _error(segment.span, payload.get("error_class") or reason, reason)

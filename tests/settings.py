@@ -28,7 +28,7 @@ INSTALLED_APPS = [
     "kumiko_workflows",
     "example_project.orders",
     "tests.testapp",
-    # The benchmark (not shipped): tests/test_bench.py runs its scenarios.
+    # The benchmark (not shipped): tests/acceptance/test_bench.py runs its scenarios.
     "kumiko_bench",
 ]
 MIDDLEWARE = [
@@ -74,7 +74,8 @@ KUMIKO_WORKFLOWS = {
     "DEFAULT_TENANT": "default",
 }
 
-# Django's Tasks framework on this app (tests/test_tasks.py); the backport on Django 5.2.
+# Django's Tasks framework on this app (tests/integration/test_tasks.py); the backport on
+# Django 5.2.
 TASKS = {
     "default": {
         "BACKEND": "kumiko_workflows.tasks.WorkflowTaskBackend",

@@ -1,6 +1,6 @@
 """A site whose workflow tables live on a second database alias, ``workflows``.
 
-Used by ``tests/test_database_alias.py`` in subprocesses: ``default`` holds
+Used by ``tests/multiprocess/test_database_alias.py`` in subprocesses: ``default`` holds
 only the site's own tables (auth, sessions, the example app);
 ``KUMIKO_TEST_ALIAS_DEFAULT`` and ``KUMIKO_TEST_ALIAS_WORKFLOWS`` name the two
 databases (on SQLite, two files).

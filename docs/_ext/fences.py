@@ -5,7 +5,7 @@ page, and a fence left open before another one swallows the headings and
 prose up to that one's closing line (how "Health checks for orchestrators"
 once rendered inside a shell block of the README). So each page is read
 here before MyST parses it, and each such fence is reported as a warning,
-which ``sphinx-build -W`` turns into a failed build. ``tests/test_docs.py``
+which ``sphinx-build -W`` turns into a failed build. ``tests/acceptance/test_docs.py``
 runs :func:`unclosed_fences` on the README too.
 """
 

@@ -8,6 +8,7 @@ limited to the runs it applies to, with its own permission and a
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -15,8 +16,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
-from kumiko_workflows.admin.base import WorkflowAdmin, _actor, _own_transaction
-from kumiko_workflows.admin.display import _runs
+from kumiko_workflows.admin.base import WorkflowAdmin, actor_of, own_transaction
+from kumiko_workflows.admin.display import runs_text
 from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, wake_run
 from kumiko_workflows.exceptions import (
     RunNotFound,
@@ -35,10 +36,10 @@ CANCEL_LIST_LIMIT = 100
 class RunActions(WorkflowAdmin):
     """The run admin's actions, each limited to the runs it applies to."""
 
-    def _done(
+    def _report(
         self,
         request: HttpRequest,
-        queryset: QuerySet,
+        queryset: QuerySet[Any],
         done: int,
         done_text: Callable[[int], str],
         skipped: int,
@@ -48,13 +49,15 @@ class RunActions(WorkflowAdmin):
             self.message_user(request, done_text(done), messages.SUCCESS)
         if skipped:
             self.message_user(
-                request, f"Skipped {_runs(skipped)}: {skipped_text}.", messages.WARNING
+                request, f"Skipped {runs_text(skipped)}: {skipped_text}.", messages.WARNING
             )
         if not done and not skipped:
             self.message_user(request, "No runs were changed.", messages.WARNING)
-        return self._back(request, queryset)
+        return self._back_to_run_page(request, queryset)
 
-    def _back(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def _back_to_run_page(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> HttpResponse | None:
         """From a button on a run's page, go back to that page."""
         if request.POST.get("_kw_return"):
             pks = list(queryset.values_list("pk", flat=True)[:2])
@@ -63,49 +66,50 @@ class RunActions(WorkflowAdmin):
         return None
 
     @admin.action(permissions=["wake"], description="Wake now (resume on the next worker pass)")
-    def wake_now(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def wake_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         woken = skipped = 0
         for run in queryset:
             try:
-                with _own_transaction():
+                with own_transaction():
                     ok = run.status == RunStatus.WAITING and wake_run(
-                        run.run_id, by=_actor(request)
+                        run.run_id, by=actor_of(request)
                     )
             except RunNotFound:
                 ok = False
             woken += ok
             skipped += not ok
-        return self._done(
+        return self._report(
             request,
             queryset,
             woken,
             lambda n: (
-                f"Woke {_runs(n)}: the next worker pass resumes " + ("it." if n == 1 else "them.")
+                f"Woke {runs_text(n)}: the next worker pass resumes "
+                + ("it." if n == 1 else "them.")
             ),
             skipped,
             "not waiting",
         )
 
     @admin.action(permissions=["cancel"], description="Cancel (asks for a reason)")
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         reason = request.POST.get("reason", "").strip()
         if request.POST.get("kw_confirm") and reason:
             cancelled = skipped = 0
             for run in queryset:
                 try:
-                    with _own_transaction():
+                    with own_transaction():
                         ok = run.status not in SETTLED_STATUSES and cancel_run(
-                            run.run_id, reason, by=_actor(request)
+                            run.run_id, reason, by=actor_of(request)
                         )
                 except RunNotFound:
                     ok = False
                 cancelled += ok
                 skipped += not ok
-            return self._done(
+            return self._report(
                 request,
                 queryset,
                 cancelled,
-                lambda n: f"Cancelled {_runs(n)}.",
+                lambda n: f"Cancelled {runs_text(n)}.",
                 skipped,
                 "already finished",
             )
@@ -134,7 +138,7 @@ class RunActions(WorkflowAdmin):
     @admin.action(
         permissions=["rerun"], description="Rerun failed runs from where the failed attempt began"
     )
-    def rerun_failed(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def rerun_failed(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         requested = skipped = 0
         refused: list[str] = []
         for run in queryset:
@@ -142,8 +146,8 @@ class RunActions(WorkflowAdmin):
                 skipped += 1
                 continue
             try:
-                with _own_transaction():
-                    rerun = rerun_run(run.run_id, by=_actor(request))
+                with own_transaction():
+                    rerun = rerun_run(run.run_id, by=actor_of(request))
                 if rerun:
                     requested += 1
                 else:
@@ -153,18 +157,18 @@ class RunActions(WorkflowAdmin):
         if refused:
             self.message_user(
                 request,
-                f"Refused {_runs(len(refused))}: {refused[0]}"
+                f"Refused {runs_text(len(refused))}: {refused[0]}"
                 + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""),
                 messages.ERROR,
             )
             if not requested and not skipped:
-                return self._back(request, queryset)
-        return self._done(
+                return self._back_to_run_page(request, queryset)
+        return self._report(
             request,
             queryset,
             requested,
             lambda n: (
-                f"Rerun requested for {_runs(n)}: the next worker pass runs "
+                f"Rerun requested for {runs_text(n)}: the next worker pass runs "
                 + ("it" if n == 1 else "each")
                 + " from where its failed attempt began."
             ),

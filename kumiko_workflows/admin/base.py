@@ -19,7 +19,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from kumiko_workflows.admin.display import _breakable, _short_id
+from kumiko_workflows.admin.display import breakable, short_id
 from kumiko_workflows.conf import import_callable, workflow_settings
 from kumiko_workflows.models import (
     Event,
@@ -28,7 +28,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.store import db
 
 
-def _own_transaction() -> transaction.Atomic:
+def own_transaction() -> transaction.Atomic:
     """A transaction on the engine's database for one of the admin's operations (wake, cancel...).
 
     Each acts at once, committed on its own: a request's transaction on
@@ -47,10 +47,11 @@ def admin_tenant(request: HttpRequest) -> str | None:
         scope = import_callable(workflow_settings.ADMIN_TENANT, "ADMIN_TENANT")
         tenant = scope(request) if scope is not None else None
         request._kumiko_admin_tenant = None if tenant is None else str(tenant)  # type: ignore[attr-defined]
-    return request._kumiko_admin_tenant  # type: ignore[attr-defined]
+    scoped: str | None = request._kumiko_admin_tenant  # type: ignore[attr-defined]
+    return scoped
 
 
-def _actor(request: HttpRequest) -> str:
+def actor_of(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
 
 
@@ -77,23 +78,24 @@ def _id_match(field: str, term: str) -> Q | None:
     return Q(**{f"{field}__gte": low, f"{field}__lte": high})
 
 
-def _many_tenants(request: HttpRequest) -> bool:
+def many_tenants(request: HttpRequest) -> bool:
     """Whether the lists need a tenant column: the user is not scoped, and runs of two exist."""
     if admin_tenant(request) is not None:
         return False
     if not hasattr(request, "_kumiko_many_tenants"):
         tenants = WorkflowRun.objects.order_by("tenant_id").values_list("tenant_id", flat=True)
         request._kumiko_many_tenants = len(tenants.distinct()[:2]) > 1  # type: ignore[attr-defined]
-    return request._kumiko_many_tenants  # type: ignore[attr-defined]
+    many: bool = request._kumiko_many_tenants  # type: ignore[attr-defined]
+    return many
 
 
-class WorkflowAdmin(admin.ModelAdmin):
+class WorkflowAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # of any model
     """Read-only and tenant-scoped: the base of the three admins."""
 
     #: One placeholder everywhere: an empty cell, a fact that does not apply.
     empty_value_display = "—"
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)
         tenant = admin_tenant(request)
         return queryset if tenant is None else queryset.filter(tenant_id=tenant)
@@ -106,8 +108,8 @@ class WorkflowAdmin(admin.ModelAdmin):
         return None
 
     def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
         """Ids and :meth:`search_matches`, exactly: index look-ups, never a text scan."""
         term = search_term.strip()
         if not term:
@@ -119,7 +121,7 @@ class WorkflowAdmin(admin.ModelAdmin):
 
     def get_list_display(self, request: HttpRequest) -> Any:
         shown = super().get_list_display(request)
-        if not _many_tenants(request):  # a column that would say the same on every row
+        if not many_tenants(request):  # a column that would say the same on every row
             shown = [name for name in shown if name != "tenant_id"]
         return shown
 
@@ -134,9 +136,9 @@ class WorkflowAdmin(admin.ModelAdmin):
 
     @admin.display(description="workflow", ordering="workflow_name")
     def workflow(self, obj: Any) -> str:
-        return _breakable(obj.workflow_name)
+        return breakable(obj.workflow_name)
 
-    def _has(self, request: HttpRequest, codename: str) -> bool:
+    def _holds_permission(self, request: HttpRequest, codename: str) -> bool:
         """Whether the user holds the app's permission ``codename`` (an action's, a button's)."""
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
 
@@ -152,7 +154,7 @@ class WorkflowAdmin(admin.ModelAdmin):
         return reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist")
 
     def _run_link(self, run_id: Any) -> str:
-        return _short_id(run_id, self._url(WorkflowRun, run_id))
+        return short_id(run_id, self._url(WorkflowRun, run_id))
 
     def _event_link(self, event_id: int | None, text: str = "") -> str:
         if event_id is None:

@@ -324,13 +324,15 @@ class PagesMixin:
         dashboard_view = self.admin_site.admin_view(self.dashboard_view)
         workflow_view = self.admin_site.admin_view(self.workflow_view)
         for view in (dashboard_view, workflow_view):
-            view.model_admin = self  # type: ignore[attr-defined]  # as ModelAdmin's own views
+            view.model_admin = self  # as ModelAdmin's own views
         return [
             path("dashboard/", dashboard_view, name=f"{names}_dashboard"),
             path("workflows/<path:name>/", workflow_view, name=f"{names}_workflow"),
         ]
 
-    def _page(self, request: HttpRequest, template: str, title: str, context: dict) -> Any:
+    def _page(
+        self, request: HttpRequest, template: str, title: str, context: dict[str, Any]
+    ) -> Any:
         if not self.has_view_permission(request):
             raise PermissionDenied
         request.current_app = self.admin_site.name

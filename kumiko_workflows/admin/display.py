@@ -23,15 +23,15 @@ from kumiko_workflows.operations.explain import (
 )
 
 
-def _runs(count: int) -> str:
+def runs_text(count: int) -> str:
     return plural(count, "run")
 
 
-def _pre(value: Any) -> str:
+def pre_json(value: Any) -> str:
     return format_html("<pre>{}</pre>", pretty_json(value))
 
 
-def _short_id(value: Any, url: str | None = None) -> str:
+def short_id(value: Any, url: str | None = None) -> str:
     """An id cut to its first 8 characters on screen; the text (hover, copy) is whole."""
     text = str(value)
     if url is None:
@@ -39,19 +39,19 @@ def _short_id(value: Any, url: str | None = None) -> str:
     return format_html('<a class="kw-id" href="{}" title="{}">{}</a>', url, text, text)
 
 
-def _clipped(text: str) -> str:
+def clipped_text(text: str) -> str:
     """Long text in a list cell, cut on screen; the whole of it on hover and copy."""
     if not text:
         return "—"
     return format_html('<span class="kw-clip" title="{}">{}</span>', text, text)
 
 
-def _breakable(text: str) -> str:
+def breakable(text: str) -> str:
     """Text that may wrap after an underscore or a dot (reasons, step labels, event types)."""
     return mark_safe(escape(text).replace("_", "_<wbr>").replace(".", ".<wbr>"))
 
 
-def _time(value: datetime | None) -> str:
+def list_time(value: datetime | None) -> str:
     """An instant in a list, in the current time zone; the column title names the zone.
 
     The date and the time may wrap onto two lines, which keeps the column narrow.
@@ -72,4 +72,4 @@ def _zone_title(label: str) -> str:
 
 
 #: A column title naming the zone its times are in, as of the request rendering it.
-_zoned: Callable[[str], str] = lazy(_zone_title, str)
+zoned_title: Callable[[str], str] = lazy(_zone_title, str)

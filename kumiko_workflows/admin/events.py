@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from kumiko_workflows.admin.base import WorkflowAdmin
-from kumiko_workflows.admin.display import _pre, _short_id, _time, _zoned
+from kumiko_workflows.admin.display import list_time, pre_json, short_id, zoned_title
 from kumiko_workflows.admin.pictures import payload_preview
 from kumiko_workflows.models import (
     Event,
@@ -40,7 +40,7 @@ class EventKindFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("domain", "domain events"), ("engine", "engine events (runs, schedules)")]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "domain":
             return queryset.exclude(aggregate_type__in=_ENGINE_AGGREGATE_TYPES)
         if self.value() == "engine":
@@ -89,9 +89,9 @@ class EventAdmin(WorkflowAdmin):
         number = term.removeprefix("#")
         return Q(id=int(number)) if number.isdigit() and len(number) <= 18 else None
 
-    @admin.display(description=_zoned("created"), ordering="id")
+    @admin.display(description=zoned_title("created"), ordering="id")
     def created(self, event: Event) -> str:
-        return _time(event.created_at)
+        return list_time(event.created_at)
 
     @admin.display(description="payload")
     def preview(self, event: Event) -> str:
@@ -101,15 +101,15 @@ class EventAdmin(WorkflowAdmin):
     def aggregate(self, event: Event) -> str:
         if event.aggregate_type == et.RUN_AGGREGATE_TYPE:
             return self._run_link(event.aggregate_id)
-        return _short_id(event.aggregate_id)
+        return short_id(event.aggregate_id)
 
     @admin.display(description="payload")
     def payload_json(self, event: Event) -> str:
-        return _pre(event.payload)
+        return pre_json(event.payload)
 
     @admin.display(description="metadata")
     def metadata_json(self, event: Event) -> str:
-        return _pre(event.metadata)
+        return pre_json(event.metadata)
 
     @admin.display(description="workflow runs")
     def workflow_runs(self, event: Event) -> str:
@@ -127,7 +127,7 @@ class EventAdmin(WorkflowAdmin):
             "", '<div class="kw-run-ref">{}: {}</div>', ((label, link) for label, link in lines)
         )
 
-    def _run_lines(self, label: str, runs: QuerySet) -> list[tuple[str, str]]:
+    def _run_lines(self, label: str, runs: QuerySet[Any]) -> list[tuple[str, str]]:
         found = list(runs[: RUN_LINK_LIMIT + 1])
         lines: list[tuple[str, str]] = [
             (

@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.db.models import F
 
 from kumiko_workflows.admin.base import WorkflowAdmin
-from kumiko_workflows.admin.display import _pre, _time, _zoned
+from kumiko_workflows.admin.display import list_time, pre_json, zoned_title
 from kumiko_workflows.admin.pictures import step_cell
 from kumiko_workflows.models import (
     SuspensionType,
@@ -84,9 +84,9 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     def step_text(self, row: WorkflowRunPending) -> str:
         return step_cell(row.workflow_name, row.step, row.workflow_version)
 
-    @admin.display(description=_zoned("wakes at"), ordering="wake_at")
+    @admin.display(description=zoned_title("wakes at"), ordering="wake_at")
     def wake(self, row: WorkflowRunPending) -> str:
-        return _time(row.wake_at)
+        return list_time(row.wake_at)
 
     @admin.display(description="due")
     def due(self, row: WorkflowRunPending) -> str:
@@ -118,7 +118,7 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
 
     @admin.display(description="state")
     def state_json(self, row: WorkflowRunPending) -> str:
-        return _pre(row.state)
+        return pre_json(row.state)
 
     @admin.display(description="wakes at")
     def wake_at_text(self, row: WorkflowRunPending) -> str:

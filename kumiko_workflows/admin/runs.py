@@ -17,9 +17,9 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from kumiko_workflows.admin.actions import RunActions
-from kumiko_workflows.admin.base import WorkflowAdmin, _many_tenants, admin_tenant
+from kumiko_workflows.admin.base import WorkflowAdmin, admin_tenant, many_tenants
 from kumiko_workflows.admin.dashboard import PagesMixin
-from kumiko_workflows.admin.display import _breakable, _clipped, _short_id, _time, _zoned
+from kumiko_workflows.admin.display import breakable, clipped_text, list_time, short_id, zoned_title
 from kumiko_workflows.admin.family import family
 from kumiko_workflows.admin.pictures import EMPTY, Links, run_picture, status_badge, step_cell
 from kumiko_workflows.admin.schedules import ScheduleControls
@@ -42,7 +42,7 @@ from kumiko_workflows.operations.explain import (
     when,
 )
 from kumiko_workflows.operations.status import outbox_backlog, outbox_problems
-from kumiko_workflows.operations.versions import stale_workers, version_table
+from kumiko_workflows.operations.version_table import stale_workers, version_table
 from kumiko_workflows.workflow import clock
 
 #: Seconds an outbox's oldest append may wait before the run list says so
@@ -63,7 +63,7 @@ class FailureReasonFilter(admin.SimpleListFilter):
             present.append(chosen)  # what the list is filtered by stays named
         return [(reason, reason) for reason in present]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(failure_reason=value) if value else queryset
 
@@ -136,7 +136,7 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
 
     def get_list_display(self, request: HttpRequest) -> Any:
         shown = list(super().get_list_display(request))
-        if _many_tenants(request):
+        if many_tenants(request):
             # Under the workflow rather than a column of its own: room for the
             # failure reason and the search key at 1280 px.
             shown[shown.index("workflow")] = "workflow_and_tenant"
@@ -145,7 +145,7 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
     @admin.display(description="workflow (tenant)", ordering="workflow_name")
     def workflow_and_tenant(self, run: WorkflowRun) -> str:
         return format_html(
-            '{}<div class="kw-tenant">{}</div>', _breakable(run.workflow_name), run.tenant_id
+            '{}<div class="kw-tenant">{}</div>', breakable(run.workflow_name), run.tenant_id
         )
 
     def search_matches(self, term: str) -> Q | None:
@@ -153,15 +153,15 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
 
     @admin.display(description="run", ordering="run_id")
     def run(self, run: WorkflowRun) -> str:
-        return _short_id(run.run_id)
+        return short_id(run.run_id)
 
     @admin.display(description="failure", ordering="failure_reason")
     def failure(self, run: WorkflowRun) -> str:
-        return _breakable(run.failure_reason) if run.failure_reason else EMPTY
+        return breakable(run.failure_reason) if run.failure_reason else EMPTY
 
     @admin.display(description="current step", ordering="step")
     def current_step(self, run: WorkflowRun) -> str:
-        return _breakable(step_label(run.workflow_name, run.step, run.workflow_version) or EMPTY)
+        return breakable(step_label(run.workflow_name, run.step, run.workflow_version) or EMPTY)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: WorkflowRun) -> str:
@@ -202,11 +202,11 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
 
     @admin.display(description="search key", ordering="search_key")
     def search(self, run: WorkflowRun) -> str:
-        return _clipped(run.search_key)
+        return clipped_text(run.search_key)
 
-    @admin.display(description=_zoned("updated"), ordering="updated_at")
+    @admin.display(description=zoned_title("updated"), ordering="updated_at")
     def updated(self, run: WorkflowRun) -> str:
-        return _time(run.updated_at)
+        return list_time(run.updated_at)
 
     @admin.display(description="started")
     def started(self, run: WorkflowRun) -> str:
@@ -240,14 +240,14 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
     # --- permissions of the actions -------------------------------------------
 
     def has_wake_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "wake_workflowrun")
+        return self._holds_permission(request, "wake_workflowrun")
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "cancel_workflowrun")
+        return self._holds_permission(request, "cancel_workflowrun")
 
     def has_rerun_permission(self, request: HttpRequest) -> bool:
         # The permission kept its first codename, so existing grants still apply.
-        return self._has(request, "rerun_workflowrun")
+        return self._holds_permission(request, "rerun_workflowrun")
 
     # --- the run list -----------------------------------------------------------
 

@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path
 from django.utils.html import format_html
 
-from kumiko_workflows.admin.base import WorkflowAdmin, _actor, _own_transaction, admin_tenant
+from kumiko_workflows.admin.base import WorkflowAdmin, actor_of, admin_tenant, own_transaction
 from kumiko_workflows.engine.cron import schedule_overview
 from kumiko_workflows.engine.schedule_controls import (
     fire_schedule_now,
@@ -51,8 +51,8 @@ class ScheduleControls(WorkflowAdmin):
 
     def _schedules(self, request: HttpRequest) -> list[dict[str, Any]]:
         tenant = admin_tenant(request)
-        can_pause = self._has(request, "pause_schedule")
-        can_fire = self._has(request, "fire_schedule")
+        can_pause = self._holds_permission(request, "pause_schedule")
+        can_fire = self._holds_permission(request, "fire_schedule")
         rows = []
         for row in schedule_overview():
             if tenant is not None and row["tenant_id"] != tenant:
@@ -91,7 +91,7 @@ class ScheduleControls(WorkflowAdmin):
             raise PermissionDenied
         op = request.POST.get("op", "")
         needed = {"pause": "pause_schedule", "resume": "pause_schedule", "fire": "fire_schedule"}
-        if op not in needed or not self._has(request, needed[op]):
+        if op not in needed or not self._holds_permission(request, needed[op]):
             raise PermissionDenied
         name = request.POST.get("workflow", "")
         tenant = request.POST.get("tenant", "")
@@ -100,11 +100,11 @@ class ScheduleControls(WorkflowAdmin):
             # Another tenant's schedule does not exist for this user.
             self.message_user(request, "No such cron schedule.", messages.ERROR)
             return back
-        by = _actor(request)
+        by = actor_of(request)
         where = f"{name} (tenant {tenant})"
         try:
             if op == "pause":
-                with _own_transaction():
+                with own_transaction():
                     paused = pause_schedule(name, tenant, by=by)
                 if paused:
                     self.message_user(
@@ -116,7 +116,7 @@ class ScheduleControls(WorkflowAdmin):
                 else:
                     self.message_user(request, f"{where} was paused already.", messages.WARNING)
             elif op == "resume":
-                with _own_transaction():
+                with own_transaction():
                     resumed = resume_schedule(name, tenant, by=by)
                 if resumed:
                     self.message_user(
@@ -137,7 +137,7 @@ class ScheduleControls(WorkflowAdmin):
     def _fire(self, request: HttpRequest, name: str, tenant: str, where: str, by: str) -> None:
         key = request.POST.get("key") or uuid.uuid4().hex
         # The admin request only queues the run; a worker runs its steps.
-        with start_in_worker(), _own_transaction():
+        with start_in_worker(), own_transaction():
             run_id = fire_schedule_now(name, tenant, key=key, by=by)
         if run_id is not None:
             self.message_user(

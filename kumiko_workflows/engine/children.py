@@ -48,7 +48,7 @@ from kumiko_workflows.store.streams import (
     STEP_FAILED,
     Failure,
     RunStream,
-    raised,
+    failure_from_exception,
 )
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.definition import Workflow, run_id_for
@@ -301,7 +301,8 @@ def result_of(workflow: Workflow, ctx: Any) -> Any:
         try:
             value = returns(ctx)
         except Exception as exc:
-            raise raised(STEP_FAILED, "", "its returns callable raised", exc) from exc
+            message = "its returns callable raised"
+            raise failure_from_exception(STEP_FAILED, "", message, exc) from exc
         try:
             return to_json(value, "returns")
         except NotJSON as exc:

@@ -54,7 +54,9 @@ def kept(body: Callable[[], None]) -> None:
         raise suspension
 
 
-def plan(compensable: list[str], failure: dict[str, Any] | None, cancel: dict[str, Any] | None):
+def plan(
+    compensable: list[str], failure: dict[str, Any] | None, cancel: dict[str, Any] | None
+) -> dict[str, Any]:
     """The compensations still to run (newest first), kept in the run's state."""
     return {
         "left": list(reversed(compensable)),

@@ -53,7 +53,7 @@ from kumiko_workflows.workflow.cron import (
 from kumiko_workflows.workflow.definition import Workflow, run_id_for
 from kumiko_workflows.workflow.registry import registry
 
-logger = logging.getLogger("kumiko_workflows.cron")
+logger = logging.getLogger(__name__)
 
 _SCHEDULE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-schedule")
 _CREATED_BY = "kumiko_workflows.cron"

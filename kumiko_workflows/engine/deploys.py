@@ -44,7 +44,7 @@ from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
 
-logger = logging.getLogger("kumiko_workflows.deploys")
+logger = logging.getLogger(__name__)
 
 #: What a failure for a changed definition says to do about it.
 ADVICE = (
@@ -226,8 +226,9 @@ def run_prints(tenant_id: str, run_id: uuid.UUID, fingerprint: str) -> Mapping[s
         return _prints[fingerprint]
     known = DeployedDefinition.objects.filter(fingerprint=fingerprint).first()
     if known is not None:
-        _prints[fingerprint] = known.step_fingerprints
-        return known.step_fingerprints
+        prints: Mapping[str, str] = known.step_fingerprints
+        _prints[fingerprint] = prints
+        return prints
     origin = (
         Event.objects.filter(
             tenant_id=tenant_id, aggregate_id=run_id, type__in=(et.RUN_STARTED, et.RUN_MIGRATED)

@@ -21,7 +21,7 @@ from kumiko_workflows.models import WorkerHeartbeat
 from kumiko_workflows.store import db
 from kumiko_workflows.store.db import CONNECTION_ERRORS
 
-logger = logging.getLogger("kumiko_workflows.worker")
+logger = logging.getLogger(__name__)
 
 
 
@@ -36,7 +36,7 @@ class Heartbeat:
     """The worker's row of :class:`~kumiko_workflows.models.WorkerHeartbeat`.
 
     Written at the start of a pass and between signal deliveries (see
-    :meth:`Worker._beat`), at most every :data:`HEARTBEAT_SECONDS`:
+    :meth:`kumiko_workflows.engine.worker.Worker._beat`), at most every :data:`HEARTBEAT_SECONDS`:
     one UPDATE of the worker's own row (an INSERT the first time). Its
     instants are the database's clock (``Now()`` in the statement), neither
     the engine's (a test's virtual time) nor this process's: they are

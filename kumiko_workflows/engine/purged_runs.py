@@ -21,7 +21,7 @@ from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.registry import registry
 
-logger = logging.getLogger("kumiko_workflows.purge")
+logger = logging.getLogger(__name__)
 
 
 def keeps_key(workflow_name: str, version: int | None) -> bool:

@@ -42,13 +42,14 @@ from kumiko_workflows.store.streams import (
     RESUME_FAILED_REPEATEDLY,
     RunStream,
     fail_run,
-    raised,
+    failure_from_exception,
 )
 from kumiko_workflows.workflow import clock, suspensions
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.registry import registry
 
-logger = logging.getLogger("kumiko_workflows.resume")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -127,7 +128,7 @@ def resume_due_runs(
     time; ``should_stop`` is polled between rows. ``tenants`` (not with
     ``tenant_id``) limits the pass to those tenants, taking turns.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is not None and not int_between(limit, 1):
         raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
     check_name(tenant_id, "tenant_id", "tenant_id")
     if tenants is not None:
@@ -258,7 +259,7 @@ def turn_share(tenant: str) -> int:
     """
     weights = workflow_settings.TENANT_WEIGHTS or {}
     weight = weights.get(tenant, 1) if isinstance(weights, dict) else 1
-    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+    if not int_between(weight, 1):
         weight = 1  # reported by the system check; never a stuck tenant
     return max(1, int(workflow_settings.BATCH_SIZE)) * weight
 
@@ -304,7 +305,7 @@ def _drain_tenant(
 
     An error in the engine's own writes for a run (a database error, a
     site's projection raising) is rolled back with its savepoint where code
-    besides the engine's reacts to run events (see :func:`guarded`), and
+    besides the engine's reacts to run events (see :func:`needs_savepoints`), and
     otherwise with the batch, as a crash would: then the batch's other runs
     are resumed again, and their steps run again.
     """
@@ -321,7 +322,7 @@ def _drain_tenant(
         drained = False
         try:
             with telemetry.counting_batch(), db.atomic(), fan_in.batched():
-                savepoints = guarded()
+                savepoints = needs_savepoints()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 for _ in range(size):
                     if should_stop():
@@ -396,7 +397,7 @@ def _claim_and_resume(
     return _commits_per_run(row)
 
 
-def guarded() -> bool:
+def needs_savepoints() -> bool:
     """Whether each run's writes need a savepoint: code besides the engine's reacts to them.
 
     A site's projection or ``post_save`` receiver for run events runs
@@ -404,7 +405,7 @@ def guarded() -> bool:
     back alone. The engine's own projections raise only when the database
     does, which rolls the batch back like a crash.
     """
-    return projections.foreign_handlers(et.RUN_EVENTS) or others_listen_to_post_save()
+    return projections.foreign_handlers(et.run_events()) or others_listen_to_post_save()
 
 
 def _count_unwound(row: WorkflowRunPending, exc: Exception) -> bool:
@@ -443,7 +444,7 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
         row.resume_errors += 1
         if row.resume_errors < max_resume_errors():
             return False
-        failure = raised(
+        failure = failure_from_exception(
             RESUME_FAILED_REPEATEDLY,
             row.step,
             f"resuming the run raised on {row.resume_errors} passes in a row:",

@@ -34,6 +34,7 @@ from kumiko_workflows.store.streams import (
 )
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
+from kumiko_workflows.workflow.arguments import is_int
 from kumiko_workflows.workflow.positions import parse_path
 from kumiko_workflows.workflow.registry import registry
 
@@ -48,7 +49,7 @@ def _state_problem(state: Any) -> str | None:
         if not isinstance(state.get(key) or {}, dict):
             return f"{key!r} is not an object"
     for key, event_id in (state.get("awaited") or {}).items():
-        if event_id is not None and (isinstance(event_id, bool) or not isinstance(event_id, int)):
+        if event_id is not None and not is_int(event_id):
             return f"awaited[{key!r}] is not an event id"
     return None
 
@@ -56,7 +57,7 @@ def _state_problem(state: Any) -> str | None:
 def _awaited_ids(row: WorkflowRunPending) -> set[int]:
     """Ids of the awaited events a resume of ``row`` reads (the trigger comes with the claim)."""
     ids = [row.awaited_event_id, *row.awaited_refs().values()]
-    return {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
+    return {i for i in ids if is_int(i)}
 
 
 @telemetry.traced_resume
@@ -69,8 +70,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
 
     Must run in the transaction whose claim deleted the row. A failing step
     fails the run (see :func:`run_segment`); any other error, a stream that
-    moved under the claim (:class:`VersionConflict`) included, propagates,
-    and the caller must roll back the claim and what followed it.
+    moved under the claim
+    (:class:`~kumiko_workflows.exceptions.VersionConflict`) included,
+    propagates, and the caller must roll back the claim and what followed it.
     """
     stream = RunStream.of_pending(row, deleted=True)
     stream.savepoint = False  # the caller rolls back on errors
@@ -215,9 +217,9 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
 
     assert record is not None  # checked above
     if path:
-        cursor = Cursor(path, after=record.after, attempt=record.attempt(row))
+        cursor = Cursor(path, after_step=record.resumes_after_step, attempt=record.attempt(row))
     else:  # a rerun of a run that failed after its last step: just complete it
-        cursor = Cursor((len(workflow.steps),), after=False)
+        cursor = Cursor((len(workflow.steps),), after_step=False)
     if row.suspension_type == SuspensionType.DEBOUNCED:
         gates.release_debounced(row)  # the burst ends with this claim
     # A move onto an edited definition is appended on its own: its status write comes first.

@@ -7,7 +7,6 @@ uniqueness referees a race with a worker), in the caller's transaction.
 from __future__ import annotations
 
 import uuid
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -315,13 +314,3 @@ def rerun_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
         by,
         then=look_back if waits else None,
     )
-
-
-def retry_run(run_id: uuid.UUID | str, by: str | None = None) -> bool:
-    """Deprecated: the old name of :func:`rerun_run`, which it calls."""
-    warnings.warn(
-        "kumiko_workflows.retry_run is deprecated; use rerun_run",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return rerun_run(run_id, by=by)

@@ -34,7 +34,7 @@ from kumiko_workflows.workflow.definition import run_id_for
 from kumiko_workflows.workflow.jsonvalues import text_problem
 from kumiko_workflows.workflow.registry import registry
 
-logger = logging.getLogger("kumiko_workflows.cron")
+logger = logging.getLogger(__name__)
 
 
 def _schedule(workflow_name: str, tenant_id: str | None) -> Schedule:

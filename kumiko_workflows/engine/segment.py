@@ -39,7 +39,7 @@ from kumiko_workflows.store.streams import (
     Failure,
     RunStream,
     fail_run,
-    raised,
+    failure_from_exception,
     set_last_error,
 )
 from kumiko_workflows.workflow import event_types
@@ -47,7 +47,7 @@ from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
 from kumiko_workflows.workflow.step_kind import ChildSpec, Step, Suspend, path_text
 
-logger = logging.getLogger("kumiko_workflows.runner")
+logger = logging.getLogger(__name__)
 
 
 class RunContext:
@@ -126,7 +126,8 @@ class Cursor:
     """Where a segment starts: the step at ``path`` itself (``at``) or after it."""
 
     path: tuple[Any, ...] = ()
-    after: bool = False
+    #: Whether the run continues past the step at ``path`` (a wait resumed) or runs it.
+    after_step: bool = False
     attempt: int = 1
 
 
@@ -145,7 +146,7 @@ class Executor:
         if cursor is None or not cursor.path:
             self._run_list(self.workflow.steps, (), None)
             return
-        if not cursor.after:
+        if not cursor.after_step:
             self._resume_attempt = (cursor.path, cursor.attempt)
         self._run_list(self.workflow.steps, (), cursor)
 
@@ -158,10 +159,14 @@ class Executor:
             rest = cursor.path[1:]
             if rest:
                 self._descend(
-                    steps, prefix, start, rest[0], Cursor(rest[1:], cursor.after, cursor.attempt)
+                    steps,
+                    prefix,
+                    start,
+                    rest[0],
+                    Cursor(rest[1:], cursor.after_step, cursor.attempt),
                 )
                 start += 1
-            elif cursor.after:
+            elif cursor.after_step:
                 start += 1
         for index in range(start, len(steps)):
             step, path = steps[index], (*prefix, index)
@@ -210,7 +215,8 @@ class Executor:
             ) from None
 
     def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
-        return raised(STEP_FAILED, path_text(path), f"{self._label(path)}: {what}", exc)
+        where = f"{self._label(path)}: {what}"
+        return failure_from_exception(STEP_FAILED, path_text(path), where, exc)
 
     def invalid(self, path: tuple[Any, ...], detail: str) -> Exception:
         label = self._label(path)
@@ -390,7 +396,7 @@ def run_segment(
     start_state = ctx.snapshot()
     if cursor is None or not cursor.path:
         retry_from = "0"
-    elif cursor.after:
+    elif cursor.after_step:
         retry_from = workflow.next_position(path_text(cursor.path))
     else:
         retry_from = path_text(cursor.path)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.engine import children, gates
@@ -30,7 +30,7 @@ from kumiko_workflows.store.streams import (
     INTERNAL_ERROR,
     Failure,
     RunStream,
-    raised,
+    failure_from_exception,
 )
 from kumiko_workflows.workflow import event_types, priorities
 from kumiko_workflows.workflow.cron import CronTrigger
@@ -39,12 +39,12 @@ from kumiko_workflows.workflow.jsonvalues import text_problem
 from kumiko_workflows.workflow.registry import registry
 from kumiko_workflows.workflow.triggers import EventTrigger
 
-logger = logging.getLogger("kumiko_workflows.runner")
+logger = logging.getLogger(__name__)
 
 
 def _idempotency_key(workflow: Workflow, event: Event) -> str:
     if isinstance(workflow.trigger, CronTrigger):
-        # A cron run is keyed by its slot instant (kumiko_workflows.cron), so
+        # A cron run is keyed by its slot instant (kumiko_workflows.engine.cron), so
         # schedulers that fire the same slot address the same run; a run
         # fired outside the slots, by the key its caller gave.
         if event.type == event_types.SCHEDULE_FIRED_NOW:
@@ -117,7 +117,7 @@ def search_key_of(workflow: Workflow, event: Event) -> str:
             problem,
         )
         return ""
-    return value
+    return cast(str, value)
 
 
 def _at_first_step(
@@ -207,13 +207,15 @@ def start_run(
             if not trigger.filter(event):
                 return None
         except Exception as exc:
-            filter_error = raised(FILTER_FAILED, "", "the trigger filter raised", exc)
+            filter_error = failure_from_exception(
+                FILTER_FAILED, "", "the trigger filter raised", exc
+            )
     try:
         if key is None:
             key = _idempotency_key(workflow, event)
     except Exception as exc:
         key = uuid.uuid4().hex
-        filter_error = filter_error or raised(
+        filter_error = filter_error or failure_from_exception(
             IDEMPOTENCY_KEY_FAILED, "", "the idempotency_key callable raised", exc
         )
     run_id = run_id_for(workflow.name, key, event.tenant_id)

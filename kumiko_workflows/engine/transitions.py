@@ -48,6 +48,8 @@ from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
 
+#: Not this module's name: the logger of the signals' receivers' errors is documented
+#: (docs/reference/signals.md), and sites route it.
 logger = logging.getLogger("kumiko_workflows.signals")
 
 #: Leftover deliveries one worker pass takes at most; the next pass takes more.
@@ -88,19 +90,36 @@ def _cancelled(event: Event) -> dict[str, Any]:
     return {"reason": event.payload.get("reason", ""), "by": event.payload.get("by", "")}
 
 
-#: The signal of each run event that is a transition, and its own arguments.
-SIGNALS: dict[str, tuple[Signal, Callable[[Event], dict[str, Any]]]] = {
+Transition = tuple[Signal, Callable[[Event], dict[str, Any]]]
+
+#: The signal of each run event that is a transition and suspends no run, and
+#: its own arguments; a suspension's signal is its record's (:func:`transition`).
+SIGNALS: dict[str, Transition] = {
     et.RUN_STARTED: (signals.run_started, _started),
-    et.WAITING: (signals.run_suspended, _suspended),
-    et.WAITING_FOR_EVENT: (signals.run_suspended, _suspended),
-    et.RETRY_SCHEDULED: (signals.run_suspended, _suspended),
-    et.WAITING_FOR_CHILDREN: (signals.run_suspended, _suspended),
-    et.COMPENSATION_SCHEDULED: (signals.run_suspended, _suspended),
     et.RUN_COMPLETED: (signals.run_completed, _completed),
     et.RUN_FAILED: (signals.run_failed, _failed),
     et.RUN_CANCELLED: (signals.run_cancelled, _cancelled),
 }
-HANDLED = frozenset(SIGNALS)
+
+
+def transition(event_type: str) -> Transition | None:
+    """The signal a run event sends and the function of its arguments, or None.
+
+    A suspending event sends the signal its suspension record names
+    (``run_suspended`` for a step's wait; none for a rerun or a queued start).
+    """
+    found = SIGNALS.get(event_type)
+    if found is not None:
+        return found
+    record = suspensions.for_event(event_type)
+    if record is None or record.signal is None:
+        return None
+    return record.signal, _suspended
+
+
+def handles(event_type: str) -> bool:
+    """Whether a run event of ``event_type`` is a transition with a signal."""
+    return transition(event_type) is not None
 
 
 def sender_of(event: Event) -> Workflow | None:
@@ -184,7 +203,7 @@ _pacer: ContextVar[Callable[[], None] | None] = ContextVar("kumiko_signal_pacer"
 
 
 @contextmanager
-def paced(beat: Callable[[], None] | None) -> Iterator[None]:
+def beating_between_receivers(beat: Callable[[], None] | None) -> Iterator[None]:
     """Call ``beat`` before each receiver during the block (a worker's heartbeat).
 
     However long receivers take in all, the worker's heartbeat is never
@@ -222,7 +241,10 @@ def announce(event: Event, replaying: bool) -> None:
     """
     if replaying or event.aggregate_type != et.RUN_AGGREGATE_TYPE:
         return
-    signal, _ = SIGNALS[event.type]
+    found = transition(event.type)
+    if found is None:
+        return
+    signal, _ = found
     if not signal.receivers:
         return
     sender = sender_of(event)
@@ -234,7 +256,9 @@ def announce(event: Event, replaying: bool) -> None:
 
 def _deliver(event: Event, sender: Workflow | None) -> None:
     """Call every receiver of ``event``'s signal, then delete its delivery row."""
-    signal, arguments = SIGNALS[event.type]
+    found = transition(event.type)
+    assert found is not None, f"{event.type} sends no signal"
+    signal, arguments = found
     kwargs = {
         "run_id": event.aggregate_id,
         "workflow_name": event.payload.get("workflow_name", ""),

@@ -43,8 +43,9 @@ from kumiko_workflows.store.distribution import distributed
 from kumiko_workflows.store.streams import INVALID_MATCH, Failure, RunStream, fail_run
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching
+from kumiko_workflows.workflow.arguments import is_int
 
-logger = logging.getLogger("kumiko_workflows.wakeups")
+logger = logging.getLogger(__name__)
 
 #: A check whose decision raised this many times is dropped (and logged):
 #: nothing is retried for ever. The wait's own timeout still looks back.
@@ -63,7 +64,7 @@ _ENGINE_AGGREGATE_TYPES = (
 
 def taken_by_run(awaited: Mapping[str, Any]) -> set[int]:
     """Ids of the events earlier waits of a run already took: none counts twice."""
-    return {i for i in (awaited or {}).values() if isinstance(i, int) and not isinstance(i, bool)}
+    return {i for i in (awaited or {}).values() if is_int(i)}
 
 
 def satisfies(row: WorkflowRunPending, event: Event) -> bool:

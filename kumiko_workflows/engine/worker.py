@@ -9,7 +9,8 @@ the current run finish and the worker exit 0; a second exits 1 at once.
 
 On SQLite, which lets one transaction write at a time, a worker (a loop or
 a single pass) holds an OS lock on a file beside the database, and a second
-one is refused at once (:class:`WorkerAlreadyRunning`) instead of failing
+one is refused at once
+(:class:`~kumiko_workflows.exceptions.WorkerAlreadyRunning`) instead of failing
 its runs with "database is locked".
 """
 
@@ -43,7 +44,7 @@ from kumiko_workflows.models import WorkflowRunPending
 from kumiko_workflows.store import db
 from kumiko_workflows.store.db import CONNECTION_ERRORS
 
-logger = logging.getLogger("kumiko_workflows.worker")
+logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 30.0
 
@@ -183,7 +184,7 @@ class Worker:
         return " ".join(
             [
                 f"pid={os.getpid()}",
-                db.described(),
+                db.database_description(),
                 f"tenants={','.join(self.tenants) or 'all'}",
                 f"interval={self.interval:g}s",
                 f"listen={listening}",
@@ -198,7 +199,7 @@ class Worker:
 
     def run_single_pass(self, now: datetime | None = None) -> PassResult:
         """One pass as a worker of its own: on SQLite, refused while another one runs."""
-        with exclusive(), transitions.paced(self._beat):
+        with exclusive(), transitions.beating_between_receivers(self._beat):
             return self.run_once(now)
 
     def rehearse(self, now: datetime | None = None) -> Rehearsal[PassResult]:
@@ -254,12 +255,12 @@ class Worker:
 
     def run_forever(self) -> None:
         """Run passes until signalled (or ``max_runs``); refused on SQLite while another runs."""
-        with exclusive(), transitions.paced(self._beat):
+        with exclusive(), transitions.beating_between_receivers(self._beat):
             self._loop()
 
     def _loop(self) -> None:
         self._install_signals()
-        listener = Listener() if db.listens() else None
+        listener = Listener() if db.can_listen() else None
         listening = "off"
         if listener is not None:
             # Before the first pass: no NOTIFY is missed after it.
@@ -307,8 +308,8 @@ class Worker:
             self._restore_signals()
 
     def _beat(self) -> None:
-        """A heartbeat at most every :data:`HEARTBEAT_SECONDS`: at each pass, and between
-        signal deliveries (so slow receivers never make a live worker look dead)."""
+        """A heartbeat at most every ``HEARTBEAT_SECONDS``: at each pass, and between signal
+        deliveries (so slow receivers never make a live worker look dead)."""
         if self.heartbeat is not None:
             self.heartbeat.beat()
 

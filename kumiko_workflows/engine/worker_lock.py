@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - not POSIX: no lock (nor signals, nor s
 from kumiko_workflows.exceptions import WorkerAlreadyRunning
 from kumiko_workflows.store import db
 
-logger = logging.getLogger("kumiko_workflows.worker")
+logger = logging.getLogger(__name__)
 
 
 #: The lock file beside a SQLite database: ``<database file>`` + this.

@@ -13,7 +13,7 @@ from django.utils import timezone
 from kumiko_workflows.exceptions import AppendOnlyError
 
 
-class EventQuerySet(models.QuerySet):
+class EventQuerySet(models.QuerySet["Event"]):
     def update(self, **kwargs: Any) -> int:
         raise AppendOnlyError("Events are append-only: QuerySet.update() is refused.")
 

@@ -22,7 +22,7 @@ from kumiko_workflows.workflow import clock
 KEYED_BATCH = 500
 
 
-class WorkflowRunPendingQuerySet(models.QuerySet):
+class WorkflowRunPendingQuerySet(models.QuerySet["WorkflowRunPending"]):
     def due(self, now: datetime | None = None) -> WorkflowRunPendingQuerySet:
         return self.filter(wake_at__lte=now or clock.now())
 

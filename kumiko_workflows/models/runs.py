@@ -6,6 +6,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from kumiko_workflows.workflow import suspensions
+
 
 class RunStatus(models.TextChoices):
     RUNNING = "running", "running"
@@ -18,21 +20,16 @@ class RunStatus(models.TextChoices):
 SETTLED_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
-class SuspensionType(models.TextChoices):
-    WAIT = "wait", "wait"
-    EVENT = "event", "wait for event"
-    RETRY = "retry", "retry backoff"
-    RERUN = "rerun", "rerun after failure"
-    QUEUED = "queued", "queued to start"
-    DEBOUNCED = "debounced", "debounced start"
-    HELD = "held", "queued behind the run of its key"
-    CHILDREN = "children", "child runs"
-    COMPENSATE = "compensate", "compensating"
-    LIMITED = "limited", "queued for a concurrency slot"
-    RATE = "rate", "waiting for its rate limit"
+#: The pending and status rows' ``suspension_type``: one choice per suspension
+#: record (:data:`kumiko_workflows.workflow.suspensions.RECORDS`), named as its
+#: member (``SuspensionType.EVENT`` is ``"event"``), labelled as the record says.
+SuspensionType = models.TextChoices(  # type: ignore[call-overload]  # the functional API
+    "SuspensionType",
+    [(record.name, (record.suspension_type, record.label)) for record in suspensions.RECORDS],
+)
 
 
-class WorkflowRunQuerySet(models.QuerySet):
+class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
     def failed(self) -> WorkflowRunQuerySet:
         return self.filter(status=RunStatus.FAILED)
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidArgument, InvalidDuration
+from kumiko_workflows.workflow.arguments import clipped_repr
 from kumiko_workflows.workflow.durations import parse_duration
 
 # --- the cut-off ------------------------------------------------------------------
@@ -30,8 +31,8 @@ def parse_cutoff(value: Any, now: datetime | None = None) -> datetime:
         if text.upper().startswith(("P", "-P")):
             if text.startswith("-"):
                 raise InvalidArgument(
-                    f"{_shown(value)} is a negative duration; give how long finished runs are "
-                    "kept, e.g. P30D"
+                    f"{clipped_repr(value)} is a negative duration; give how long finished runs "
+                    "are kept, e.g. P30D"
                 )
             try:
                 value = parse_duration(text)
@@ -42,7 +43,7 @@ def parse_cutoff(value: Any, now: datetime | None = None) -> datetime:
                 value = datetime.fromisoformat(text)
             except ValueError:
                 raise InvalidArgument(
-                    f"{_shown(value)} is neither an ISO 8601 duration (P30D, PT12H) nor an "
+                    f"{clipped_repr(value)} is neither an ISO 8601 duration (P30D, PT12H) nor an "
                     "instant with a UTC offset (2026-01-31T00:00:00Z)"
                 ) from None
     if isinstance(value, timedelta):
@@ -68,14 +69,9 @@ def parse_cutoff(value: Any, now: datetime | None = None) -> datetime:
             )
         return instant
     raise InvalidArgument(
-        f"{_shown(value)} is not a cut-off: give an ISO 8601 duration (P30D) or instant, "
+        f"{clipped_repr(value)} is not a cut-off: give an ISO 8601 duration (P30D) or instant, "
         "a timedelta or an aware datetime"
     )
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:76]}...{text[-1]}"
 
 
 def retention_problem(value: Any) -> str | None:
@@ -83,9 +79,10 @@ def retention_problem(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, str) and not value.strip().upper().startswith(("P", "-P")):
-        return f"must be an ISO 8601 duration such as 'P30D', got {_shown(value)}"
+        return f"must be an ISO 8601 duration such as 'P30D', got {clipped_repr(value)}"
     if not isinstance(value, str | timedelta):
-        return f"must be an ISO 8601 duration such as 'P30D' or a timedelta, got {_shown(value)}"
+        shown = clipped_repr(value)
+        return f"must be an ISO 8601 duration such as 'P30D' or a timedelta, got {shown}"
     try:
         parse_cutoff(value)
     except InvalidArgument as exc:

@@ -105,11 +105,11 @@ def citus_problem() -> str | None:
     """Why the engine's database cannot take distributed tables, or None."""
     conn = db.engine()
     if conn.vendor != "postgresql":
-        return f"the engine's database ({db.described()}) is not PostgreSQL"
+        return f"the engine's database ({db.database_description()}) is not PostgreSQL"
     if not distribution.has_citus():
         return (
-            f"the engine's database ({db.described()}) has no citus extension: connect to a "
-            "Citus coordinator, with the extension installed in this database"
+            f"the engine's database ({db.database_description()}) has no citus extension: "
+            "connect to a Citus coordinator, with the extension installed in this database"
         )
     return None
 

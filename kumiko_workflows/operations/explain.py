@@ -28,6 +28,7 @@ from kumiko_workflows.models import (
 from kumiko_workflows.store import slots
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, suspensions
+from kumiko_workflows.workflow.arguments import is_int
 from kumiko_workflows.workflow.registry import registry
 
 #: Payload keys a timeline leaves out: bulky or shown in a column of their own.
@@ -126,9 +127,17 @@ def _instant(value: Any) -> str:
         return str(value)
 
 
-def _attempts(payload: dict[str, Any]) -> str:
-    """``"attempt 2 of 3"`` from a payload's ``attempt`` and ``max_attempts``."""
-    return f"attempt {payload.get('attempt')} of {payload.get('max_attempts') or '?'}"
+class _Words:
+    """How the timeline puts a payload's instants and matches (:class:`suspensions.Words`)."""
+
+    def instant(self, value: Any) -> str:
+        return _instant(value)
+
+    def match(self, expression: Any) -> str:
+        return describe_match(expression)
+
+
+_WORDS = _Words()
 
 
 def describe_event(type: str, payload: dict[str, Any]) -> str:
@@ -146,21 +155,11 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
         if get("priority"):
             text += f", priority {get('priority')}"
         return text + f"; trigger event #{get('trigger_event_id')}"
-    if type in (et.RUN_DEBOUNCED, et.RUN_HELD):
-        return suspensions.gated_text(type, payload, _instant)
-    if type == et.WAITING:
-        return f"waits until {_instant(get('wake_at'))}"
-    if type == et.WAITING_FOR_EVENT:
-        deadline = _instant(get("timeout_at")) if get("timeout_at") else "none"
-        return (
-            f"waits for a {get('event_type')!r} event where {describe_match(get('match'))}; "
-            f"deadline {deadline}"
-        )
-    if type == et.RETRY_SCHEDULED:
-        return (
-            f"{_attempts(payload)} failed with {get('error_class') or get('reason')}; "
-            f"attempt {(get('attempt') or 0) + 1} at {_instant(get('wake_at'))}"
-        )
+    record = suspensions.for_event(type)
+    if record is not None:
+        if record.summary is None:
+            return short_payload(payload, type=type)
+        return record.summary(payload, _WORDS)
     if type == et.RESUMED:
         kind = get("suspension_type")
         if kind == "retry":
@@ -180,40 +179,16 @@ def describe_event(type: str, payload: dict[str, Any]) -> str:
         if get("awaited_event_id"):
             return f"the awaited event #{get('awaited_event_id')} arrived"
         return "woken by hand: due now"
-    if type == et.RERUN_REQUESTED:
-        kept = get("suspension")
-        if not isinstance(kept, dict):
-            return "runs again from where the failed attempt began"
-        kind = kept.get("suspension_type")
-        if kind == "event":
-            deadline = _instant(kept.get("timeout_at")) if kept.get("timeout_at") else "none"
-            return f"resumes its wait for the event as it was; deadline {deadline}"
-        if kind == "retry":
-            return (
-                f"resumes its retry backoff as it was: attempt "
-                f"{(kept.get('retry_attempt') or 0) + 1} at {_instant(kept.get('wake_at'))}"
-            )
-        return f"resumes its wait as it was, until {_instant(kept.get('wake_at'))}"
     if type == et.SLOT_TAKEN:
         how = "from start to end" if get("holds") == "active" else "for this segment"
         given = ", offered" if get("offered") else ""
         return f"takes slot {get('slot')}{_key_text(get('limit_key') or '')} {how}{given}"
     if type == et.SLOT_RELEASED:
         return f"frees slot {get('slot')}{_key_text(get('limit_key') or '')}"
-    if type == et.SLOT_WAITING:
-        return (
-            f"queues for a slot{_key_text(get('limit_key') or '')}: "
-            f"{get('holders')} of {get('max')} taken"
-        )
     if type == et.SLOT_OFFERED:
         return f"a slot{_key_text(get('limit_key') or '')} freed: due now"
     if type == et.RATE_TAKEN:
         return f"starts at {_instant(get('at'))} (rate slot {get('slot')})"
-    if type == et.RATE_WAITING:
-        return (
-            f"rate limit of {get('max')} per {get('per')} s spent: "
-            f"next start at {_instant(get('wake_at'))}"
-        )
     return short_payload(payload, type=type)
 
 
@@ -236,7 +211,7 @@ def referenced_events(type: str, payload: dict[str, Any]) -> list[tuple[str, int
 
 
 def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return is_int(value)
 
 
 @dataclass

@@ -55,8 +55,9 @@ from kumiko_workflows.operations.cutoff import parse_cutoff
 from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.event_checks import name_problem
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.arguments import is_int
 
-logger = logging.getLogger("kumiko_workflows.purge")
+logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
@@ -197,7 +198,7 @@ def purge_runs(
     if workflow_name is not None and (not isinstance(workflow_name, str) or not workflow_name):
         raise InvalidArgument(f"workflow_name must be a non-empty string, got {workflow_name!r}")
     asked = None if run_ids is None else _as_run_ids(run_ids)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+    if not is_int(batch_size):
         raise InvalidArgument(f"batch_size must be a whole number, got {batch_size!r}")
     if not 1 <= batch_size <= MAX_BATCH:
         raise InvalidArgument(f"batch_size must be from 1 to {MAX_BATCH}, got {batch_size}")

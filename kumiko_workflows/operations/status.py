@@ -27,7 +27,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.operations.explain import humanize, step_label
 from kumiko_workflows.operations.limits import queued_by_key, rate_waiting
-from kumiko_workflows.operations.versions import (
+from kumiko_workflows.operations.version_table import (
     stale_workers,
     version_table,
 )

@@ -118,7 +118,7 @@ def project_pending(event: Event, replaying: bool) -> None:
     # Keys exist only while the run's pending row waits for an event: they
     # go when that wait resumes and when the run ends.
     cleared = is_cleared(event.aggregate_id, event.version)
-    if kind in et.SUSPENSIONS:
+    if et.is_suspension(kind):
         if kind == et.COMPENSATION_SCHEDULED and not cleared:
             # A cancel asking for compensation replaces the wait the run was at.
             where = {"tenant_id": event.tenant_id, "run_id": event.aggregate_id}

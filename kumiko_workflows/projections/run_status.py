@@ -15,8 +15,10 @@ from kumiko_workflows.store import statements
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
 
-#: The run events both projections handle.
-HANDLED = frozenset(et.RUN_EVENTS)
+
+def handles(event_type: str) -> bool:
+    """Whether both projections handle ``event_type``: the run events (records' included)."""
+    return et.is_run_event(event_type)
 
 
 def is_run_event(event: Event) -> bool:

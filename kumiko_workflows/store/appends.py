@@ -39,7 +39,7 @@ def insert_pair_sql(folded: tuple[str, ...] = ()) -> str:
     """Two chained appends in one statement (see :func:`_build_pair`).
 
     ``folded`` are statements chained after them (each built with
-    ``after="second"``: they apply only if both events were written).
+    ``only_if="second"``: they apply only if both events were written).
     """
     return statement(("insert_pair", folded), lambda: _build_pair(folded))
 
@@ -162,4 +162,5 @@ def run_insert(
     """Execute an insert on the hot cursor of ``conn`` (the engine's); its (id, version) rows."""
     with hot_cursor(conn) as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows

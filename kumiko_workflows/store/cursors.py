@@ -14,7 +14,7 @@ from django.db.backends.utils import CursorWrapper
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.store.db import engine, settings_generation
 
-logger = logging.getLogger("kumiko_workflows.db")
+logger = logging.getLogger(__name__)
 
 try:
     import psycopg
@@ -93,7 +93,7 @@ def prepares(db: BaseDatabaseWrapper) -> bool:
 _DriverCursor: Any = object if psycopg is None else psycopg.Cursor
 
 
-class _PreparingCursor(_DriverCursor):
+class _PreparingCursor(_DriverCursor):  # type: ignore[misc]  # psycopg.Cursor, or object without it
     """A psycopg cursor that binds on the server and prepares a statement it runs again.
 
     A statement's first run on a connection is sent as it is; from its

@@ -133,7 +133,7 @@ def overlapping_writers() -> bool:
     return engine().vendor != "sqlite"
 
 
-def listens() -> bool:
+def can_listen() -> bool:
     """Whether a worker can LISTEN for rows that become due (PostgreSQL's NOTIFY)."""
     return engine().vendor == "postgresql"
 
@@ -153,7 +153,7 @@ def database_file() -> str | None:
     return os.path.abspath(name)
 
 
-def described() -> str:
+def database_description() -> str:
     """The engine's database for a worker's start line: alias, vendor, where.
 
     Never a user or a password: the line goes to logs others read.
@@ -248,7 +248,8 @@ def database_now(using: str | None = None) -> datetime:
         value = datetime.fromisoformat(value)
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    instant: datetime = value.astimezone(UTC)
+    return instant
 
 
 def connection_broken() -> bool:

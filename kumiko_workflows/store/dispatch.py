@@ -103,7 +103,7 @@ class ProjectionRegistry:
         """(projection name, write) of each projection that says its write for ``event`` ahead.
 
         The caller chains those writes to the event's insert and marks the
-        event (:func:`folded`) so :meth:`dispatch` does not apply them again.
+        event (:func:`mark_applied`) so :meth:`dispatch` does not apply them again.
         """
         found = []
         for projection in self._projections:
@@ -125,7 +125,7 @@ class ProjectionRegistry:
 registry = ProjectionRegistry()
 
 
-def folded(event: Event, names: Iterable[str]) -> None:
+def mark_applied(event: Event, names: Iterable[str]) -> None:
     """Mark ``event``'s projections ``names`` as applied already (their writes were chained)."""
     event._kumiko_folded = frozenset(names)  # type: ignore[attr-defined]
 

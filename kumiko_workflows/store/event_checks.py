@@ -8,7 +8,6 @@ without raising, for the system checks and the commands.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -20,6 +19,7 @@ from kumiko_workflows.exceptions import (
     InvalidEvent,
 )
 from kumiko_workflows.models import Event
+from kumiko_workflows.workflow.arguments import clipped_repr, is_int
 from kumiko_workflows.workflow.jsonvalues import (
     NotJSON,
     compact_json,
@@ -29,20 +29,8 @@ from kumiko_workflows.workflow.jsonvalues import (
 )
 
 
-def _shown(value: Any) -> str:
-    """``repr(value)`` for an error message, cut short."""
-    try:
-        text = repr(value)
-    except Exception:  # an integer of more than 4,300 digits, or a broken __repr__
-        if isinstance(value, int):
-            return f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
-        return f"a {type(value).__name__}"
-    return text if len(text) <= 80 else f"{text[:76]}...{text[-1]}"
-
-
-@functools.cache
 def _max_length(column: str) -> int:
-    length = cast(Field, Event._meta.get_field(column)).max_length
+    length = cast("Field[Any, Any]", Event._meta.get_field(column)).max_length
     assert length is not None, column
     return length
 
@@ -55,7 +43,7 @@ def name_problem(value: Any, column: str, *, blank: bool = False) -> str | None:
     transaction) where SQLite stores them. ``blank`` allows the empty string.
     """
     if not isinstance(value, str) or not (blank or value.strip()):
-        return f"must be a {'string' if blank else 'non-empty string'}, got {_shown(value)}"
+        return f"must be a {'string' if blank else 'non-empty string'}, got {clipped_repr(value)}"
     limit = _max_length(column)
     if len(value) > limit:
         return f"is longer than {limit} characters"
@@ -79,7 +67,7 @@ def _name(value: Any, column: str, *, blank: bool = False) -> str:
         if len(_valid_names) >= _VALID_NAMES_LIMIT:
             _valid_names.clear()
         _valid_names.add((value, column, blank))
-    return value
+    return cast(str, value)  # name_problem let only a string through
 
 
 @functools.cache
@@ -91,10 +79,10 @@ def _column_max(column: str) -> int:
 
 
 def _counter(value: Any, what: str, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidEvent(f"{what} must be an integer >= {low}, got {_shown(value)}")
+    if not is_int(value) or value < low:
+        raise InvalidEvent(f"{what} must be an integer >= {low}, got {clipped_repr(value)}")
     if value > high:
-        raise InvalidEvent(f"{what} must be at most {high}, got {_shown(value)}")
+        raise InvalidEvent(f"{what} must be at most {high}, got {clipped_repr(value)}")
 
 
 def _json_object(value: Any, what: str) -> tuple[dict[str, Any], str]:

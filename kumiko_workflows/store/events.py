@@ -39,7 +39,12 @@ from kumiko_workflows.models import Event
 from kumiko_workflows.store import appends, cursors, outbox, statements, wake_checks
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.appends import EVENT_COLUMNS
-from kumiko_workflows.store.dispatch import Projection, folded, others_listen_to_post_save, registry
+from kumiko_workflows.store.dispatch import (
+    Projection,
+    mark_applied,
+    others_listen_to_post_save,
+    registry,
+)
 from kumiko_workflows.store.distribution import (
     chains_inserts,
     distributed,
@@ -51,7 +56,6 @@ from kumiko_workflows.store.event_checks import (
     _counter,
     _json_object,
     _name,
-    _shown,
 )
 from kumiko_workflows.store.stream_ids import (
     ENGINE_STREAMS,
@@ -59,6 +63,7 @@ from kumiko_workflows.store.stream_ids import (
     _engine_writing,
 )
 from kumiko_workflows.workflow import clock
+from kumiko_workflows.workflow.arguments import clipped_repr
 
 _NEXT_VERSION_ATTEMPTS = 3
 
@@ -106,7 +111,7 @@ def append_event(
     """Append one event to a stream and project it; return the saved row.
 
     ``aggregate_id`` is a UUID (or its text), or a saved model instance,
-    whose stream id is :func:`stream_id_for`. The event gets
+    whose stream id is :func:`~kumiko_workflows.store.stream_ids.stream_id_for`. The event gets
     ``expected_version + 1``, or the stream's next version when
     ``expected_version`` is None. Raises :class:`VersionConflict` if that
     version is already taken and :class:`InvalidEvent` for bad input; in both
@@ -186,7 +191,7 @@ def _prepared(
             "streams (use cancel_run, wake_run or rerun_run to act on a run)"
         )
     type = _name(type, "type")
-    if engine is not None and type not in engine[0]:
+    if engine is not None and not engine[0](type):
         raise InvalidEvent(
             f"a stream of aggregate type {aggregate_type!r} takes only {engine[1]}, not {type!r}"
         )
@@ -204,7 +209,7 @@ def _prepared(
     if created_at is None:
         created_at = clock.now()  # the engine's clock: a test's virtual time, if it set one
     elif not isinstance(created_at, datetime):
-        raise InvalidEvent(f"created_at must be an aware datetime, got {_shown(created_at)}")
+        raise InvalidEvent(f"created_at must be an aware datetime, got {clipped_repr(created_at)}")
     elif created_at.tzinfo is None or created_at.utcoffset() is None:
         raise InvalidEvent(f"created_at is a naive datetime ({created_at.isoformat()})")
     # The next version is only known once inserted.
@@ -233,12 +238,12 @@ _FIELDS = ("id", *EVENT_COLUMNS[:3], "version", *EVENT_COLUMNS[3:])
 
 
 @functools.cache
-def _created_at_field() -> Field:
+def _created_at_field() -> Field[Any, Any]:
     """Event's ``created_at``, once Event's fields are found in the order of ``_FIELDS``."""
     order = tuple(field.attname for field in Event._meta.concrete_fields)
     if order != _FIELDS:  # a changed model: append_event builds Events by position
         raise AssertionError(f"Event's fields are {order}, append_event expects {_FIELDS}")
-    return cast(Field, Event._meta.get_field("created_at"))
+    return cast("Field[Any, Any]", Event._meta.get_field("created_at"))
 
 
 def _insert(
@@ -509,7 +514,7 @@ def _insert_pair(
     chained = []
     for _, (model, values, where) in folds:
         sql, folded_params = statements.rows_statement(
-            model, "UPDATE", values, where, after="second"
+            model, "UPDATE", values, where, only_if="second"
         )
         chained.append(sql)
         params.extend(folded_params)
@@ -521,15 +526,15 @@ def _insert_pair(
     _saved(db, one, rows[expected_version + 1], registry.handles(one.type))
     if expected_version + 2 not in rows:
         raise _version_conflict(two, expected_version + 1)
-    folded(two, [name for name, _ in folds])
+    mark_applied(two, [name for name, _ in folds])
     _saved(db, two, rows[expected_version + 2], registry.handles(two.type))
 
 
 def _refusal(event: Event, expected_version: int | None) -> StreamIdentityError | None:
     """Why the stream refuses ``event``'s tenant or aggregate type, if it does.
 
-    Mirrors :func:`kumiko_workflows.db.insert_event_sql`'s checks. The message never names another
-    tenant: the caller may be that tenant's adversary. Within a tenant,
+    Mirrors :func:`kumiko_workflows.store.appends.insert_event_sql`'s checks. The
+    message never names another tenant: the caller may be that tenant's adversary. Within a tenant,
     naming the stream's type helps fix the call.
     """
     firsts = Event.objects.filter(aggregate_id=event.aggregate_id, version=1)

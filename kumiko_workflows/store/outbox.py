@@ -44,7 +44,7 @@ from kumiko_workflows.exceptions import CrossDatabaseTransaction, OutboxNotMigra
 from kumiko_workflows.models import Event, OutboxEntry, RelayedAppend
 from kumiko_workflows.store import db, statements
 
-logger = logging.getLogger("kumiko_workflows.outbox")
+logger = logging.getLogger(__name__)
 
 #: Rows one transaction of a relay takes at most (each the oldest of its stream).
 RELAY_BATCH = 100

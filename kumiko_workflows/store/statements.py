@@ -141,11 +141,11 @@ def rows_statement(
     values: dict[str, Any],
     where: dict[str, Any],
     *,
-    after: str = "",
+    only_if: str = "",
 ) -> tuple[str, list[Any]]:
     """``UPDATE`` (``verb``) ``model``'s rows matching ``where`` to ``values``, or ``DELETE``.
 
-    ``where`` is field = value, ANDed; ``after``, a name of the ``WITH``
+    ``where`` is field = value, ANDed; ``only_if``, a name of the ``WITH``
     query the statement is chained to, makes it apply only if that query
     returned a row. Every value is a parameter prepared by its field.
     """
@@ -157,8 +157,8 @@ def rows_statement(
         condition = " AND ".join(
             f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in where
         )
-        if after:
-            condition += f" AND EXISTS (SELECT 1 FROM {ops.quote_name(after)})"  # noqa: S608
+        if only_if:
+            condition += f" AND EXISTS (SELECT 1 FROM {ops.quote_name(only_if)})"  # noqa: S608
         if verb == "UPDATE":
             assignments = ", ".join(
                 f"{ops.quote_name(model._meta.get_field(name).column)} = %s" for name in values
@@ -166,7 +166,7 @@ def rows_statement(
             return f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
         return f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
 
-    sql = statement((model._meta.db_table, verb, tuple(values), tuple(where), after), build)
+    sql = statement((model._meta.db_table, verb, tuple(values), tuple(where), only_if), build)
     params = [
         model._meta.get_field(name).get_db_prep_save(value, conn)
         for name, value in (*values.items(), *where.items())
@@ -246,7 +246,7 @@ def delete_run_streams(
     params = [tenant_id, aggregate_type, *(field.get_db_prep_value(r, conn) for r in run_ids)]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 # --- the run signals' outbox (engine/transitions) ----------------------------
@@ -348,7 +348,7 @@ def record_relay(relay_id: Any, source: str) -> bool:
         cursor.execute(
             statement(("record_relay",), build), [field.get_db_prep_value(relay_id, conn), source]
         )
-        return cursor.rowcount == 1
+        return bool(cursor.rowcount == 1)
 
 
 def forget_relays(relay_ids: Sequence[Any]) -> None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -14,20 +14,21 @@ from django.db.models import Model
 from kumiko_workflows.exceptions import (
     InvalidEvent,
 )
-from kumiko_workflows.store.event_checks import _shown
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.arguments import clipped_repr, is_int
 
-#: The engine's streams, with the only event types each takes (and their
-#: name in errors): any other event there would move the stream's version
-#: under a suspended run, or a schedule's, and strand it.
-ENGINE_STREAMS = {
-    et.RUN_AGGREGATE_TYPE: (frozenset(et.RUN_EVENTS), "workflow run events"),
-    et.SCHEDULE_AGGREGATE_TYPE: (frozenset(et.SCHEDULE_EVENTS), "cron schedule events"),
-    et.GATE_AGGREGATE_TYPE: (frozenset(et.GATE_EVENTS), "workflow gate events"),
-    et.CALL_AGGREGATE_TYPE: (frozenset(et.CALL_EVENTS), "child run requests"),
+#: The engine's streams, with which event types each takes (and their name
+#: in errors): any other event there would move the stream's version under a
+#: suspended run, or a schedule's, and strand it.
+ENGINE_STREAMS: dict[str, tuple[Callable[[str], bool], str]] = {
+    et.RUN_AGGREGATE_TYPE: (et.is_run_event, "workflow run events"),
+    et.SCHEDULE_AGGREGATE_TYPE: (
+        frozenset(et.SCHEDULE_EVENTS).__contains__,
+        "cron schedule events",
+    ),
+    et.GATE_AGGREGATE_TYPE: (frozenset(et.GATE_EVENTS).__contains__, "workflow gate events"),
+    et.CALL_AGGREGATE_TYPE: (frozenset(et.CALL_EVENTS).__contains__, "child run requests"),
 }
-#: Streams only the engine writes.
-RESERVED_AGGREGATE_TYPES = frozenset(ENGINE_STREAMS)
 _engine_writing: ContextVar[bool] = ContextVar("kumiko_workflows_engine_writing", default=False)
 
 
@@ -57,7 +58,7 @@ def stream_id_for(instance: Model) -> uuid.UUID:
     but a model instance with a primary key (an unsaved one has none).
     """
     if not isinstance(instance, Model):
-        raise InvalidEvent(f"stream_id_for takes a model instance, got {_shown(instance)}")
+        raise InvalidEvent(f"stream_id_for takes a model instance, got {clipped_repr(instance)}")
     meta = (instance._meta.concrete_model or type(instance))._meta
     pk = instance.pk
     # A composite key's parts are joined as they are; a single key is read
@@ -80,12 +81,12 @@ def _as_uuid(value: Any) -> uuid.UUID:
             pass
     elif isinstance(value, Model):
         return stream_id_for(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
+    elif is_int(value):
         raise InvalidEvent(
-            f"aggregate_id must be a UUID or a saved model instance, got {_shown(value)}: "
+            f"aggregate_id must be a UUID or a saved model instance, got {clipped_repr(value)}: "
             "an integer is not a stream id; pass the model instance itself (its stream id "
             "is kumiko_workflows.stream_id_for(instance)), or a UUID of your own"
         )
     raise InvalidEvent(
-        f"aggregate_id must be a UUID or a saved model instance, got {_shown(value)}"
+        f"aggregate_id must be a UUID or a saved model instance, got {clipped_repr(value)}"
     )

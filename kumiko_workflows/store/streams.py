@@ -23,7 +23,7 @@ from kumiko_workflows.store.events import append_engine_pair, append_event
 from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.workflow import event_types, priorities
 
-logger = logging.getLogger("kumiko_workflows.runner")
+logger = logging.getLogger(__name__)
 
 # Machine-readable reasons of workflow.run-failed.
 STEP_FAILED = "step_failed"
@@ -234,7 +234,7 @@ class Failure(Exception):
         Exception.__init__(self, self.message)
 
 
-def raised(reason: str, step: str, what: str, exc: BaseException) -> Failure:
+def failure_from_exception(reason: str, step: str, what: str, exc: BaseException) -> Failure:
     """A failure caused by user code raising ``exc``: generic text, class, traceback."""
     name = type(exc).__name__
     return Failure(

@@ -19,7 +19,8 @@ from django.core import checks
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.exceptions import InvalidDuration
 from kumiko_workflows.store.events import append_event
-from kumiko_workflows.tasks import compat, runner
+from kumiko_workflows.tasks import compat, names, runner
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.durations import as_delay
 from kumiko_workflows.workflow.steps import BACKOFFS
 
@@ -31,7 +32,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "MAX_DELAY": None,
 }
 #: Queue names become workflow names (``task:<queue>``, at most 200 characters).
-MAX_QUEUE_NAME = 200 - len(runner.WORKFLOW_PREFIX)
+MAX_QUEUE_NAME = 200 - len(names.WORKFLOW_PREFIX)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,7 +87,7 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
             key: self._option(key.upper()) if value is None else value for key, value in own.items()
         }
         attempts = merged["max_attempts"]
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        if not int_between(attempts, 1):
             raise compat.InvalidTask(f"max_attempts must be an integer >= 1, got {attempts!r}")
         if merged["backoff"] not in BACKOFFS:
             raise compat.InvalidTask(
@@ -137,8 +138,8 @@ class WorkflowTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
         }
         event = append_event(
             task_id,
-            runner.TASK_AGGREGATE_TYPE,
-            runner.event_type(task.queue_name),
+            names.TASK_AGGREGATE_TYPE,
+            names.event_type(task.queue_name),
             payload,
             tenant_id=tenant_id,
             expected_version=0,

@@ -20,6 +20,7 @@ from kumiko_workflows.exceptions import (
 )
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import priorities
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.fingerprints import _hash
 from kumiko_workflows.workflow.limits import Limit, Rate
@@ -38,7 +39,6 @@ from kumiko_workflows.workflow.validation import validate
 _RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-run")
 
 
-ENGINE_EVENT_TYPES = frozenset({*et.RUN_EVENTS, *et.SCHEDULE_EVENTS, *et.CALL_EVENTS})
 
 #: How a worker commits the resumes of a workflow's runs: with others in a
 #: batch (fast), or each on its own (a killed worker repeats no other run).
@@ -153,18 +153,18 @@ class Workflow:
                     f"workflow {name!r}: awaits maps keys to event types (strings), "
                     f"got {key!r}: {event_type!r}"
                 )
-            if event_type in ENGINE_EVENT_TYPES:
+            if (
+                et.is_run_event(event_type)
+                or event_type in et.SCHEDULE_EVENTS
+                or event_type in et.CALL_EVENTS
+            ):
                 # Engine events live in engine streams, which the look-back
                 # (and the payload index it uses) leaves out.
                 raise WorkflowDefinitionError(
                     f"workflow {name!r}: awaits[{key!r}] is the engine's own event type "
                     f"{event_type!r}; await a domain event instead"
                 )
-        if (
-            isinstance(version, bool)
-            or not isinstance(version, int)
-            or not 1 <= version <= MAX_VERSION
-        ):
+        if not int_between(version, 1, MAX_VERSION):
             raise WorkflowDefinitionError(
                 f"workflow {name!r}: version must be an integer from 1 to {MAX_VERSION}, "
                 f"got {version!r}"
@@ -241,22 +241,7 @@ class Workflow:
         """Describe how this definition differs from ``old_prints`` (step fingerprints)."""
         if not old_prints:
             return "its definition changed"
-        parts = []
-        if old_prints.get("workflow") != self.step_fingerprints["workflow"]:
-            parts.append("the workflow's trigger, version, awaits or idempotency key changed")
-        for path in sorted(set(old_prints) | set(self.step_fingerprints), key=_path_sort_key):
-            if path == "workflow":
-                continue
-            old, new = old_prints.get(path), self.step_fingerprints.get(path)
-            if old == new:
-                continue
-            if old is None:
-                parts.append(f"{self.label(path)} was added")
-            elif new is None:
-                parts.append(f"step {path} was removed")
-            else:
-                parts.append(f"{self.label(path)} changed")
-        return "; ".join(parts) or "its definition changed"
+        return "; ".join(self._changes(old_prints, None)) or "its definition changed"
 
     def changes_for_run(self, old_prints: Mapping[str, str], position: str) -> list[str]:
         """What changed, from ``old_prints`` (a run's definition), that a run at ``position`` met.
@@ -268,22 +253,26 @@ class Workflow:
         is in) leaves it free to resume on this definition; an empty list
         says so. ``old_prints`` is the run's ``step_fingerprints``.
         """
+        return self._changes(old_prints, position)
+
+    def _changes(self, old_prints: Mapping[str, str], position: str | None) -> list[str]:
+        """Each difference from ``old_prints``; with ``position``, only those a run there met."""
         changes = []
         if old_prints.get("workflow") != self.step_fingerprints["workflow"]:
             changes.append("the workflow's trigger, version, awaits or idempotency key changed")
         for path in sorted(set(old_prints) | set(self.step_fingerprints), key=_path_sort_key):
-            if path == "workflow" or not reached(path, position):
+            if path == "workflow" or (position is not None and not reached(path, position)):
                 continue
             old, new = old_prints.get(path), self.step_fingerprints.get(path)
             if old == new:
                 continue
-            where = reach_text(path, position)
+            where = "" if position is None else " " + reach_text(path, position)
             if old is None:
-                changes.append(f"{self.label(path)} was added {where}")
+                changes.append(f"{self.label(path)} was added{where}")
             elif new is None:
-                changes.append(f"step {path} {where} was removed")
+                changes.append(f"step {path}{where} was removed")
             else:
-                changes.append(f"{self.label(path)} {where} changed")
+                changes.append(f"{self.label(path)}{where} changed")
         return changes
 
     def next_position(self, path: str) -> str:
@@ -314,7 +303,7 @@ def _migration_maps(
         )
     maps: dict[int, dict[str, str]] = {}
     for old, positions in migrates_from.items():
-        if isinstance(old, bool) or not isinstance(old, int) or not 1 <= old < version:
+        if not int_between(old, 1, version - 1):
             raise WorkflowDefinitionError(
                 f"{where} names version {old!r}; give older versions of this workflow "
                 f"(integers from 1 to {version - 1})"
@@ -379,7 +368,7 @@ def define_workflow(
     trigger of the key is skipped, or its run waits until the active one
     ends. Pass ``register=False``
     to build a definition without registering it (for
-    :meth:`WorkflowRegistry.override`).
+    :meth:`kumiko_workflows.workflow.registry.WorkflowRegistry.override`).
     """
     workflow = Workflow(
         name,

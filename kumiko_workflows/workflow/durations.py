@@ -13,6 +13,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kumiko_workflows.exceptions import InvalidDuration
+from kumiko_workflows.workflow.arguments import clipped_repr
 
 _DURATION = re.compile(
     r"^(?P<sign>-)?P(?!$)"
@@ -33,11 +34,11 @@ _MAX_TEXT = 64
 def parse_duration(text: str) -> timedelta:
     """Parse an ISO 8601 duration such as ``PT90S`` or ``P2W``."""
     if not isinstance(text, str) or len(text) > _MAX_TEXT:
-        raise InvalidDuration(f"{_short(text)} is not an ISO 8601 duration")
+        raise InvalidDuration(f"{clipped_repr(text)} is not an ISO 8601 duration")
     match = _DURATION.match(text.strip().upper())
     if not match:
         raise InvalidDuration(
-            f"{_short(text)} is not an ISO 8601 duration (examples: PT90S, PT1H, P1DT2H, P2W)"
+            f"{clipped_repr(text)} is not an ISO 8601 duration (examples: PT90S, PT1H, P1DT2H, P2W)"
         )
     parts = match.groupdict()
     if parts["sign"]:
@@ -68,7 +69,7 @@ def parse_duration(text: str) -> timedelta:
 def parse_instant(text: str) -> datetime:
     """Parse an ISO 8601 instant; it must carry an offset or ``Z``."""
     if not isinstance(text, str) or len(text) > _MAX_TEXT:
-        raise InvalidDuration(f"{_short(text)} is not an ISO 8601 instant")
+        raise InvalidDuration(f"{clipped_repr(text)} is not an ISO 8601 instant")
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -84,7 +85,7 @@ def as_delay(value: Any) -> timedelta:
     """A non-negative delay from an ISO duration, a timedelta or seconds."""
     if isinstance(value, timedelta):
         if abs(value) > _MAX_DURATION:
-            raise InvalidDuration(f"{_short(value)} is longer than 1000 years")
+            raise InvalidDuration(f"{clipped_repr(value)} is longer than 1000 years")
         delay = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
         if value != value or value in (float("inf"), float("-inf")):
@@ -96,10 +97,11 @@ def as_delay(value: Any) -> timedelta:
         delay = parse_duration(value)
     else:
         raise InvalidDuration(
-            f"{_short(value)} is not a duration (give an ISO 8601 string, a timedelta or seconds)"
+            f"{clipped_repr(value)} is not a duration "
+            "(give an ISO 8601 string, a timedelta or seconds)"
         )
     if delay < timedelta(0):
-        raise InvalidDuration(f"{_short(value)} is negative; a delay cannot go back in time")
+        raise InvalidDuration(f"{clipped_repr(value)} is negative; a delay cannot go back in time")
     return delay
 
 
@@ -119,12 +121,12 @@ def wake_time(value: Any, now: datetime) -> datetime:
         try:
             instant = now + delay
         except OverflowError:
-            raise InvalidDuration(f"{_short(value)} from now is out of range") from None
+            raise InvalidDuration(f"{clipped_repr(value)} from now is out of range") from None
     try:
         # In UTC, so an instant at the calendar's edge fails here, not when stored.
         return max(instant, now).astimezone(UTC)
     except OverflowError:
-        raise InvalidDuration(f"{_short(value)} is out of range") from None
+        raise InvalidDuration(f"{clipped_repr(value)} is out of range") from None
 
 
 def check_static(value: Any) -> None:
@@ -143,8 +145,3 @@ def describe(value: Any) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return {"seconds": float(value)}
     return value
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -3,7 +3,13 @@
 Each run is one stream of aggregate type ``workflow-run``; these constants are
 the ``type`` of its events. Payload keys are snake_case and never copy the
 payload of a trigger or awaited event: they reference events by id.
+
+The suspending events' types are their suspension records'
+(:mod:`kumiko_workflows.workflow.suspensions`): a record added there is a
+run event (:func:`is_run_event`) without being listed here.
 """
+
+from kumiko_workflows.workflow import suspensions as _suspensions
 
 RUN_AGGREGATE_TYPE = "workflow-run"
 SCHEDULE_AGGREGATE_TYPE = "workflow-schedule"
@@ -14,9 +20,9 @@ GATE_AGGREGATE_TYPE = "workflow-gate"
 CALL_AGGREGATE_TYPE = "workflow-call"
 
 RUN_STARTED = "workflow.run-started"
-WAITING = "workflow.step.waiting"
-WAITING_FOR_EVENT = "workflow.step.waiting-for-event"
-RETRY_SCHEDULED = "workflow.retry.scheduled"
+WAITING = _suspensions.WAIT.event_type
+WAITING_FOR_EVENT = _suspensions.EVENT.event_type
+RETRY_SCHEDULED = _suspensions.RETRY.event_type
 RESUMED = "workflow.step.resumed"
 RUN_COMPLETED = "workflow.run-completed"
 RUN_FAILED = "workflow.run-failed"
@@ -24,17 +30,17 @@ RUN_CANCELLED = "workflow.run-cancelled"
 #: Someone asked a waiting run to wake now (``wake_run`` or the admin).
 WAKE_REQUESTED = "workflow.wake-requested"
 #: Someone asked a failed run to run again from where its failed attempt began.
-RERUN_REQUESTED = "workflow.rerun-requested"
+RERUN_REQUESTED = _suspensions.RERUN.event_type
 #: A run of a workflow defined with ``start="worker"`` waits for a worker to run its steps.
-RUN_QUEUED = "workflow.run-queued"
+RUN_QUEUED = _suspensions.QUEUED.event_type
 #: Someone moved a suspended run to another version of its workflow
 #: (``migrate_workflow_runs``): it resumes there, at the step the new version maps.
 RUN_MIGRATED = "workflow.run-migrated"
 #: A step started child runs (``call_workflow``, ``fan_out``) and waits until they finish.
-WAITING_FOR_CHILDREN = "workflow.step.waiting-for-children"
+WAITING_FOR_CHILDREN = _suspensions.CHILDREN.event_type
 #: A run failed (or was cancelled with ``compensate=True``) after steps with a
 #: compensation finished: the compensations run next, in reverse order.
-COMPENSATION_SCHEDULED = "workflow.compensation.scheduled"
+COMPENSATION_SCHEDULED = _suspensions.COMPENSATE.event_type
 #: One finished step's compensation ran (at most once per step).
 STEP_COMPENSATED = "workflow.step.compensated"
 #: The trigger of a child run: the parent's request, its payload the child's input.
@@ -46,13 +52,13 @@ SLOT_TAKEN = "workflow.slot-taken"
 #: An active holder's run ended (or stopped holding): its slot is free.
 SLOT_RELEASED = "workflow.slot-released"
 #: A run found every slot of its key taken: it waits, queued, for one.
-SLOT_WAITING = "workflow.slot-waiting"
+SLOT_WAITING = _suspensions.SLOT.event_type
 #: A slot freed and this run is the oldest queued for its key: it is due now.
 SLOT_OFFERED = "workflow.slot-offered"
 #: A run of a rate-limited workflow took one of its key's starts of the period.
 RATE_TAKEN = "workflow.rate-taken"
 #: A run found its rate limit's budget spent: it waits until a start is allowed.
-RATE_WAITING = "workflow.rate-waiting"
+RATE_WAITING = _suspensions.RATE.event_type
 #: A cron schedule was first seen by a scheduler pass; slots before it never fire.
 SCHEDULE_STARTED = "workflow.schedule.started"
 #: A cron slot was fired; cron runs use this event as their trigger.
@@ -67,10 +73,10 @@ SCHEDULE_FIRED_NOW = "workflow.schedule.fired-now"
 #: A trigger event of a debounced workflow (``on_event(debounce=...)``) opened
 #: a burst, or made the burst's run start later, with this event: the run
 #: waits to start at step 0 with the burst's last event as its trigger.
-RUN_DEBOUNCED = "workflow.run-debounced"
+RUN_DEBOUNCED = _suspensions.DEBOUNCED.event_type
 #: A run of a ``singleton="queue"`` workflow waits until the run of its key
 #: before it ends (then the gate wakes it).
-RUN_HELD = "workflow.run-held"
+RUN_HELD = _suspensions.HELD.event_type
 
 #: The gate's events; each payload holds the gate's whole state after it
 #: (``active``: the open run or None, ``queue``: runs waiting behind it).
@@ -88,42 +94,41 @@ SCHEDULE_EVENTS = (
     SCHEDULE_FIRED_NOW,
 )
 CALL_EVENTS = (CALL_REQUESTED,)
-SUSPENSIONS = (
-    WAITING,
-    WAITING_FOR_EVENT,
-    RETRY_SCHEDULED,
-    RERUN_REQUESTED,
-    RUN_QUEUED,
-    WAITING_FOR_CHILDREN,
-    COMPENSATION_SCHEDULED,
-    SLOT_WAITING,
-    RATE_WAITING,
-    RUN_DEBOUNCED,
-    RUN_HELD,
-)
+#: The package's suspending events, one per suspension record.
+SUSPENSIONS = tuple(record.event_type for record in _suspensions.RECORDS)
 TERMINAL = (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
-RUN_EVENTS = (
+#: The run events that suspend no run.
+_OTHER_RUN_EVENTS = (
     RUN_STARTED,
-    WAITING,
-    WAITING_FOR_EVENT,
-    RETRY_SCHEDULED,
     RESUMED,
     RUN_COMPLETED,
     RUN_FAILED,
     RUN_CANCELLED,
     WAKE_REQUESTED,
-    RERUN_REQUESTED,
-    RUN_QUEUED,
     RUN_MIGRATED,
-    WAITING_FOR_CHILDREN,
-    COMPENSATION_SCHEDULED,
     STEP_COMPENSATED,
     SLOT_TAKEN,
     SLOT_RELEASED,
-    SLOT_WAITING,
     SLOT_OFFERED,
     RATE_TAKEN,
-    RATE_WAITING,
-    RUN_DEBOUNCED,
-    RUN_HELD,
 )
+RUN_EVENTS = (*_OTHER_RUN_EVENTS, *SUSPENSIONS)
+
+
+def is_run_event(type: str) -> bool:
+    """Whether ``type`` is an event of a run's stream.
+
+    One of :data:`RUN_EVENTS`, or the event of a suspension record added
+    since (:func:`kumiko_workflows.workflow.suspensions.register`).
+    """
+    return type in _OTHER_RUN_EVENTS or _suspensions.for_event(type) is not None
+
+
+def run_events() -> tuple[str, ...]:
+    """Every run event type known now: :data:`RUN_EVENTS` and added records' events."""
+    return (*_OTHER_RUN_EVENTS, *(record.event_type for record in _suspensions.records()))
+
+
+def is_suspension(type: str) -> bool:
+    """Whether ``type`` suspends a run: the event of a suspension record."""
+    return _suspensions.for_event(type) is not None

@@ -237,8 +237,3 @@ def compact_json(value: Any) -> str:
 def text_size(text: str) -> int:
     """The size of ``text`` in UTF-8 bytes."""
     return len(text) if text.isascii() else len(text.encode())
-
-
-def json_size(value: Any) -> int:
-    """The size of ``value`` (as :func:`to_json` returns) as compact JSON, in UTF-8 bytes."""
-    return text_size(compact_json(value))

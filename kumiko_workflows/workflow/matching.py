@@ -168,12 +168,12 @@ def _compare(op: str, actual: Any, expected: Any) -> bool:
     if kind not in ("number", "string") or kind != _category(expected):
         return False
     if op == "gt":
-        return actual > expected
+        return bool(actual > expected)
     if op == "gte":
-        return actual >= expected
+        return bool(actual >= expected)
     if op == "lt":
-        return actual < expected
-    return actual <= expected
+        return bool(actual < expected)
+    return bool(actual <= expected)
 
 
 def _evaluate(node: dict[str, Any], payload: Any) -> bool:

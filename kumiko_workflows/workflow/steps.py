@@ -23,6 +23,7 @@ from kumiko_workflows.exceptions import (
 )
 from kumiko_workflows.workflow import durations, matching
 from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.jsonvalues import NotJSON, to_json
 from kumiko_workflows.workflow.step_kind import (
     Execution,
@@ -213,7 +214,8 @@ class WaitForEvent(Step):
         try:
             if isinstance(match, match_builder.Expression):
                 match = match.resolve(execution.ctx, lambda fn: execution.arg(path, "match", fn))
-            return to_json(matching.validate(match), "match")
+            stored: dict[str, Any] = to_json(matching.validate(match), "match")
+            return stored
         except (InvalidMatchExpression, NotJSON) as exc:
             raise execution.invalid(path, str(exc)) from None
 
@@ -343,7 +345,7 @@ class Retry(Step):
 
 
 def _bad_times(times: Any) -> bool:
-    return isinstance(times, bool) or not isinstance(times, int) or times < 1
+    return not int_between(times, 1)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,26 +1,35 @@
 """The suspension records: each way a run can wait, told by one run event.
 
-A record ties a suspending run event (``workflow.step.waiting``, …) to its
-``SuspensionType``, to the columns it gives the run's status row and its
-pending row, to where a resume continues, and to the words that explain it.
-The projections, the resume and the admin's explanations ask the record;
-none of them names the kinds. Step kinds (:mod:`kumiko_workflows.steps`) say
-which records they suspend with (``Step.resumes_from``); a new step kind
-reuses a record, and a new record is one more entry here.
+The one list of suspension kinds. A record ties a suspending run event
+(``workflow.step.waiting``, …) to its ``SuspensionType`` (value and label),
+to the columns it gives the run's status row and its pending row, to where
+a resume continues, to the run signal it sends and its telemetry outcome,
+and to the words that explain it. Everything else derives from the records:
+the event types (:mod:`kumiko_workflows.workflow.event_types`), the
+``SuspensionType`` choices, the projections, the signals
+(:mod:`kumiko_workflows.engine.transitions`), the outcome labels
+(:mod:`kumiko_workflows.telemetry`) and the timeline's words
+(:mod:`kumiko_workflows.operations.explain`); none of them names the kinds.
+Step kinds (:mod:`kumiko_workflows.workflow.steps`) say which records they
+suspend with (``Step.resumes_from``); a new step kind reuses a record, and a
+new record is one more entry in :data:`RECORDS` (or, outside the package,
+:func:`register`).
 
 Pure functions of an event (or a pending row): no database access.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from django.dispatch import Signal
 from django.utils.dateparse import parse_datetime
 
-from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows import signals
 
 Facts = list[tuple[str, str]]
 
@@ -41,6 +50,16 @@ class Teller(Protocol):
         """The payload of the run's latest event of ``event_type``, if any."""
 
 
+class Words(Protocol):
+    """What a run event is put in words with (a timeline entry: no run at hand)."""
+
+    def instant(self, value: Any) -> str:
+        """An instant written in a payload (ISO 8601 text), for people."""
+
+    def match(self, expression: Any) -> str:
+        """A stored match expression in words."""
+
+
 def _instant(value: str | None) -> datetime | None:
     return parse_datetime(value) if value else None
 
@@ -58,14 +77,28 @@ class Record:
     #: The run status row's columns while it waits (beyond status and step).
     status: Callable[[dict[str, Any], datetime], dict[str, Any]]
     #: Whether a resume continues after the step (a wait) or runs it again.
-    after: bool
+    resumes_after_step: bool
     #: The attempt a resume at the step runs, from the pending row.
     attempt: Callable[[Any], int]
     #: What to tell people about a pending row of this kind.
     facts: Callable[[Any, Teller], Facts]
+    #: The ``SuspensionType`` choice's label (its value is ``suspension_type``).
+    label: str = ""
+    #: The run signal its event sends (:data:`kumiko_workflows.signals.run_suspended`
+    #: for a step's wait), or None: a rerun or a queued start is no transition.
+    signal: Signal | None = None
+    #: The segment outcome its event means in telemetry (``kumiko.segment`` spans).
+    outcome: str | None = None
+    #: The event in words on the run's timeline (None: its payload's fields).
+    summary: Callable[[dict[str, Any], Words], str] | None = None
     #: Written by a step (which lists it in ``Step.resumes_from``), or by the
     #: engine or an operator for a run at any position (a rerun, a queued start).
     by_step: bool = True
+
+    @property
+    def name(self) -> str:
+        """The ``SuspensionType`` member's name: ``"WAIT"`` for ``"wait"``."""
+        return self.suspension_type.upper()
 
     def pending_columns(self, payload: dict[str, Any], at: datetime) -> dict[str, Any]:
         return {"suspension_type": self.suspension_type, **self.pending(payload, at)}
@@ -136,7 +169,7 @@ def _retry_status(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
 
 
 def _retry_facts(row: Any, tell: Teller) -> Facts:
-    scheduled = tell.latest(et.RETRY_SCHEDULED) or {}
+    scheduled = tell.latest(RETRY.event_type) or {}
     most = scheduled.get("max_attempts") or "?"
     error = tell.run.error_class or "an error"
     return [
@@ -146,6 +179,49 @@ def _retry_facts(row: Any, tell: Teller) -> Facts:
             f"attempt {row.retry_attempt + 1} at {tell.when(row.wake_at)}",
         )
     ]
+
+
+def _attempts(payload: dict[str, Any]) -> str:
+    """``"attempt 2 of 3"`` from a payload's ``attempt`` and ``max_attempts``."""
+    return f"attempt {payload.get('attempt')} of {payload.get('max_attempts') or '?'}"
+
+
+def _wait_summary(payload: dict[str, Any], words: Words) -> str:
+    return f"waits until {words.instant(payload.get('wake_at'))}"
+
+
+def _event_summary(payload: dict[str, Any], words: Words) -> str:
+    timeout_at = payload.get("timeout_at")
+    deadline = words.instant(timeout_at) if timeout_at else "none"
+    return (
+        f"waits for a {payload.get('event_type')!r} event where "
+        f"{words.match(payload.get('match'))}; deadline {deadline}"
+    )
+
+
+def _retry_summary(payload: dict[str, Any], words: Words) -> str:
+    # Counted as the error text counts them: a retry that schedules attempt 2
+    # says attempt 1 failed.
+    return (
+        f"{_attempts(payload)} failed with {payload.get('error_class') or payload.get('reason')}; "
+        f"attempt {(payload.get('attempt') or 0) + 1} at {words.instant(payload.get('wake_at'))}"
+    )
+
+
+def _rerun_summary(payload: dict[str, Any], words: Words) -> str:
+    kept = payload.get("suspension")
+    if not isinstance(kept, dict):
+        return "runs again from where the failed attempt began"
+    kind = kept.get("suspension_type")
+    if kind == EVENT.suspension_type:
+        deadline = words.instant(kept.get("timeout_at")) if kept.get("timeout_at") else "none"
+        return f"resumes its wait for the event as it was; deadline {deadline}"
+    if kind == RETRY.suspension_type:
+        return (
+            f"resumes its retry backoff as it was: attempt "
+            f"{(kept.get('retry_attempt') or 0) + 1} at {words.instant(kept.get('wake_at'))}"
+        )
+    return f"resumes its wait as it was, until {words.instant(kept.get('wake_at'))}"
 
 
 def _due_now(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
@@ -222,55 +298,71 @@ def _rerun_status(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
 
 
 WAIT = Record(
-    et.WAITING,
+    "workflow.step.waiting",
     "wait",
     pending=_timed,
     status=_timed,
-    after=True,
+    resumes_after_step=True,
     attempt=_first_attempt,
     facts=lambda row, tell: [("Wakes at", tell.when(row.wake_at))],
+    label="wait",
+    signal=signals.run_suspended,
+    outcome="suspended",
+    summary=_wait_summary,
 )
 EVENT = Record(
-    et.WAITING_FOR_EVENT,
+    "workflow.step.waiting-for-event",
     "event",
     pending=_event_pending,
     status=_event_status,
-    after=True,
+    resumes_after_step=True,
     attempt=_first_attempt,
     facts=_event_facts,
+    label="wait for event",
+    signal=signals.run_suspended,
+    outcome="suspended",
+    summary=_event_summary,
 )
 RETRY = Record(
-    et.RETRY_SCHEDULED,
+    "workflow.retry.scheduled",
     "retry",
     pending=_retry_pending,
     status=_retry_status,
-    after=False,
+    resumes_after_step=False,
     attempt=lambda row: row.retry_attempt + 1,
     facts=_retry_facts,
+    label="retry backoff",
+    signal=signals.run_suspended,
+    outcome="suspended",
+    summary=_retry_summary,
 )
 #: Not a step's: ``rerun_run`` (or the admin) asks a failed run to run again:
 #: due now at the step where its failed attempt began, or, for a run that
 #: failed resuming a suspension, that suspension again (:func:`standing`).
 RERUN = Record(
-    et.RERUN_REQUESTED,
+    "workflow.rerun-requested",
     "rerun",
     pending=_rerun_pending,
     status=_rerun_status,
-    after=False,
+    resumes_after_step=False,
     attempt=_first_attempt,
     facts=lambda row, tell: [("Rerun", f"requested at {tell.when(row.due_since)}")],
+    label="rerun after failure",
+    summary=_rerun_summary,
     by_step=False,
 )
 #: Not a step's: a run of a workflow that starts in the worker, due at once
 #: at its first step (``define_workflow(..., start="worker")``).
 QUEUED = Record(
-    et.RUN_QUEUED,
+    "workflow.run-queued",
     "queued",
     pending=_due_now,
     status=lambda payload, at: {"wake_at": at},
-    after=False,
+    resumes_after_step=False,
     attempt=_first_attempt,
     facts=lambda row, tell: [("Queued", f"to start in a worker since {tell.when(row.due_since)}")],
+    label="queued to start",
+    outcome="queued",
     by_step=False,
 )
 
@@ -281,7 +373,7 @@ def _children_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
 
 
 def _children_facts(row: Any, tell: Teller) -> Facts:
-    suspended = tell.latest(et.WAITING_FOR_CHILDREN) or {}
+    suspended = tell.latest(CHILDREN.event_type) or {}
     facts = [
         (
             "Waiting for",
@@ -317,24 +409,30 @@ def _compensate_facts(row: Any, tell: Teller) -> Facts:
 #: to finish wakes it (or its timeout does). The step runs again at its
 #: resume, and finds its children's results.
 CHILDREN = Record(
-    et.WAITING_FOR_CHILDREN,
+    "workflow.step.waiting-for-children",
     "children",
     pending=_children_pending,
     status=lambda payload, at: {"wake_at": _instant(payload.get("timeout_at"))},
-    after=False,
+    resumes_after_step=False,
     attempt=_first_attempt,
     facts=_children_facts,
+    label="child runs",
+    signal=signals.run_suspended,
+    outcome="suspended",
 )
 #: Not a step's: a failed (or cancelled) run's finished steps are to be undone.
 COMPENSATE = Record(
-    et.COMPENSATION_SCHEDULED,
+    "workflow.compensation.scheduled",
     "compensate",
     pending=_compensate_pending,
     status=lambda payload, at: {"wake_at": _instant(payload["wake_at"])},
-    after=False,
+    resumes_after_step=False,
     attempt=lambda row: row.retry_attempt + 1,
     facts=_compensate_facts,
     by_step=False,
+    label="compensating",
+    signal=signals.run_suspended,
+    outcome="suspended",
 )
 
 def _slot_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
@@ -353,7 +451,7 @@ def _slot_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
 
 def _slot_facts(row: Any, tell: Teller) -> Facts:
     key = f" of key {row.limit_key!r}" if row.limit_key else ""
-    waiting = tell.latest(et.SLOT_WAITING) or {}
+    waiting = tell.latest(SLOT.event_type) or {}
     held = waiting.get("holders")
     behind = f"behind {held} active run(s){key}" if held is not None else f"for a slot{key}"
     return [("Queued", f"{behind} (concurrency limit) since {tell.when(row.queued_at)}")]
@@ -370,31 +468,59 @@ def _rate_facts(row: Any, tell: Teller) -> Facts:
     return [("Rate limit", f"next start allowed at {tell.when(row.wake_at)}")]
 
 
+
+def _key_words(payload: dict[str, Any]) -> str:
+    key = payload.get("limit_key") or ""
+    return f" of key {key!r}" if key else ""
+
+
+def _slot_summary(payload: dict[str, Any], words: Words) -> str:
+    get = payload.get
+    return f"queues for a slot{_key_words(payload)}: {get('holders')} of {get('max')} taken"
+
+
+def _rate_summary(payload: dict[str, Any], words: Words) -> str:
+    get = payload.get
+    return (
+        f"rate limit of {get('max')} per {get('per')} s spent: "
+        f"next start at {words.instant(get('wake_at'))}"
+    )
+
+
+def _gated_summary(payload: dict[str, Any], words: Words) -> str:
+    type = DEBOUNCED.event_type if "trigger_event_id" in payload else HELD.event_type
+    return gated_text(type, payload, words.instant)
+
+
 #: Not a step's: a run of a workflow with a concurrency limit (``Limit``)
 #: found every slot of its key taken when it was due; it waits, out of the
 #: due range, until a slot is offered to it (``workflow.slot-offered``),
 #: then resumes the suspension it was claimed from.
 SLOT = Record(
-    et.SLOT_WAITING,
+    "workflow.slot-waiting",
     "limited",
     pending=_slot_pending,
     status=lambda payload, at: {"wake_at": None},
-    after=False,
+    resumes_after_step=False,
     attempt=_first_attempt,
     facts=_slot_facts,
     by_step=False,
+    label="queued for a concurrency slot",
+    summary=_slot_summary,
 )
 #: Not a step's: a run of a rate-limited workflow (``Rate``) found its
 #: budget spent; it is due again when the budget allows a start.
 RATE = Record(
-    et.RATE_WAITING,
+    "workflow.rate-waiting",
     "rate",
     pending=_rate_pending,
     status=lambda payload, at: {"wake_at": _instant(payload["wake_at"])},
-    after=False,
+    resumes_after_step=False,
     attempt=_first_attempt,
     facts=_rate_facts,
     by_step=False,
+    label="waiting for its rate limit",
+    summary=_rate_summary,
 )
 
 
@@ -407,7 +533,7 @@ def _debounced(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
 
 
 def _debounced_facts(row: Any, tell: Teller) -> Facts:
-    latest = tell.latest(et.RUN_DEBOUNCED) or {}
+    latest = tell.latest(DEBOUNCED.event_type) or {}
     return [
         (
             "Debounced",
@@ -419,7 +545,7 @@ def _debounced_facts(row: Any, tell: Teller) -> Facts:
 
 
 def _held_facts(row: Any, tell: Teller) -> Facts:
-    held = tell.latest(et.RUN_HELD) or {}
+    held = tell.latest(HELD.event_type) or {}
     return [
         (
             "Queued",
@@ -432,7 +558,7 @@ def _held_facts(row: Any, tell: Teller) -> Facts:
 def gated_text(type: str, payload: dict[str, Any], when: Callable[[Any], str]) -> str:
     """A debounced or held run event in words (the run's timeline)."""
     get = payload.get
-    if type == et.RUN_DEBOUNCED:
+    if type == DEBOUNCED.event_type:
         return (
             f"debounced: starts at {when(get('wake_at'))} with event "
             f"#{get('trigger_event_id')} (event {get('events')} of its key's burst), unless "
@@ -447,28 +573,33 @@ def gated_text(type: str, payload: dict[str, Any], when: Callable[[Any], str]) -
 #: Not a step's: a run of a debounced trigger (``on_event(debounce=...)``),
 #: due when its key's burst of events has been quiet for the period.
 DEBOUNCED = Record(
-    et.RUN_DEBOUNCED,
+    "workflow.run-debounced",
     "debounced",
     pending=_debounced,
     status=_debounced,
-    after=False,
+    resumes_after_step=False,
     attempt=_first_attempt,
     facts=_debounced_facts,
     by_step=False,
+    label="debounced start",
+    summary=_gated_summary,
 )
 #: Not a step's: a run of a ``singleton="queue"`` workflow behind the active
 #: run of its key; never due until the gate wakes it.
 HELD = Record(
-    et.RUN_HELD,
+    "workflow.run-held",
     "held",
     pending=lambda payload, at: {"wake_at": None},
     status=lambda payload, at: {"wake_at": None},
-    after=False,
+    resumes_after_step=False,
     attempt=_first_attempt,
     facts=_held_facts,
     by_step=False,
+    label="queued behind the run of its key",
+    summary=_gated_summary,
 )
 
+#: The package's suspension records: the ``SuspensionType`` choices, in this order.
 RECORDS = (WAIT, EVENT, RETRY, RERUN, QUEUED, DEBOUNCED, HELD, CHILDREN, COMPENSATE, SLOT, RATE)
 _BY_EVENT = {record.event_type: record for record in RECORDS}
 _BY_TYPE = {record.suspension_type: record for record in RECORDS}
@@ -482,3 +613,47 @@ def for_event(event_type: str) -> Record | None:
 def for_type(suspension_type: str) -> Record | None:
     """The record of a pending row's ``suspension_type``, or None if there is none."""
     return _BY_TYPE.get(suspension_type)
+
+
+def records() -> tuple[Record, ...]:
+    """Every record known now: :data:`RECORDS` and those :func:`register` added."""
+    return tuple(_BY_EVENT.values())
+
+
+def register(record: Record) -> Record:
+    """Add a suspension record (one a step kind outside the package suspends with).
+
+    Its event type becomes a run event, with its signal, its outcome label
+    and its words; a ``SuspensionType`` choice it is not (the column's
+    choices are the package's :data:`RECORDS`; rows store any value).
+    """
+    if not isinstance(record, Record):
+        raise TypeError(f"register() takes a suspension Record, got {record!r}")
+    if record.event_type in _BY_EVENT or record.suspension_type in _BY_TYPE:
+        raise ValueError(
+            f"a suspension record for event type {record.event_type!r} or suspension type "
+            f"{record.suspension_type!r} exists already"
+        )
+    _BY_EVENT[record.event_type] = record
+    _BY_TYPE[record.suspension_type] = record
+    return record
+
+
+def unregister(record: Record) -> None:
+    """Remove a record :func:`register` added (never one of :data:`RECORDS`)."""
+    if record in RECORDS:
+        raise ValueError(f"{record.suspension_type!r} is one of the package's own records")
+    _BY_EVENT.pop(record.event_type, None)
+    _BY_TYPE.pop(record.suspension_type, None)
+
+
+@contextmanager
+def registered(*added: Record) -> Iterator[None]:
+    """Records :func:`register` adds for the duration of a block (tests)."""
+    for record in added:
+        register(record)
+    try:
+        yield
+    finally:
+        for record in added:
+            unregister(record)

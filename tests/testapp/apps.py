@@ -8,7 +8,7 @@ class TestAppConfig(AppConfig):
     label = "testapp"
 
     def ready(self) -> None:
-        # Worker subprocesses of tests/test_signal_delivery.py record run_completed.
+        # Worker subprocesses of tests/multiprocess/test_signal_delivery.py record run_completed.
         if os.environ.get("KUMIKO_TEST_SIGNAL_LOG"):
             from tests.testapp.signal_log import connect
 

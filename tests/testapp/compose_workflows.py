@@ -1,4 +1,6 @@
-"""Workflows of tests/test_composition.py: child runs, fan-out, cancel cascade, compensation.
+"""Workflows of tests/integration/test_composition.py.
+
+Child runs, fan-out, cancel cascade, compensation.
 
 Imported by tests/testapp/workflows.py, so worker subprocesses know them too.
 Children read their input from their trigger's payload (``ctx.event.payload``:

@@ -1,4 +1,4 @@
-"""Tasks for tests/test_tasks.py, at module level as the Tasks framework requires."""
+"""Tasks for tests/integration/test_tasks.py, at module level as the Tasks framework requires."""
 
 from __future__ import annotations
 

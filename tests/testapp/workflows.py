@@ -192,7 +192,7 @@ blocking = define_workflow(
 )
 
 
-# --- tests/test_faults.py, test_load.py, test_bad_input.py, test_security.py ---
+# --- tests/multiprocess/test_faults.py, test_load.py, test_bad_input.py, test_security.py ---
 
 
 def write_then_block(ctx):
@@ -366,7 +366,7 @@ started_in_worker = define_workflow(
 )
 
 
-# A deploy in progress (tests/test_deploys.py): a process started with
+# A deploy in progress (tests/integration/test_deploys.py): a process started with
 # KUMIKO_TEST_DEPLOY=old runs the code from before a step was appended.
 DEPLOYED_CODE = os.environ.get("KUMIKO_TEST_DEPLOY", "new")
 
@@ -383,7 +383,7 @@ deploying = define_workflow(
 )
 
 
-# --- tests/test_limits.py: concurrency and rate limits ------------------------
+# --- tests/integration/test_limits.py: concurrency and rate limits ------------------------
 
 
 def limit_key(event):
@@ -436,7 +436,7 @@ rate_limited = define_workflow(
 )
 
 
-#: The Citus workload (tests/test_citus.py): a retry that fails once, a wait,
+#: The Citus workload (tests/multiprocess/test_citus.py): a retry that fails once, a wait,
 #: then an awaited event of the run's user, each in the run's own tenant.
 citus_workload = define_workflow(
     name="t-citus",
@@ -453,5 +453,5 @@ citus_workload = define_workflow(
     ],
 )
 
-# Child runs, fan-out and compensation (tests/test_composition.py).
+# Child runs, fan-out and compensation (tests/integration/test_composition.py).
 from tests.testapp import compose_workflows  # noqa: E402, F401

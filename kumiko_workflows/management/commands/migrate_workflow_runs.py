@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from kumiko_workflows.engine.versions import migrate_workflow_runs
+from kumiko_workflows.engine.version_moves import migrate_workflow_runs
 from kumiko_workflows.exceptions import InvalidArgument, MigrationRefused
 from kumiko_workflows.management.arguments import positive_int
 

@@ -22,7 +22,7 @@ from kumiko_workflows.management.arguments import (
 from kumiko_workflows.store import claims
 from kumiko_workflows.tasks import names
 
-logger = logging.getLogger("kumiko_workflows.worker")
+logger = logging.getLogger(__name__)
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 
 

@@ -32,7 +32,7 @@ from kumiko_workflows.operations.status import (
     health,
     status_report,
 )
-from kumiko_workflows.operations.versions import (
+from kumiko_workflows.operations.version_table import (
     VersionRow,
     stale_workers,
     version_lines,

@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from kumiko_workflows.management.arguments import tenant_id
-from kumiko_workflows.operations.versions import version_lines, version_table
+from kumiko_workflows.operations.version_table import version_lines, version_table
 
 
 class Command(BaseCommand):

@@ -1,0 +1,183 @@
+"""Batches commit several runs at once, but never run a finished step twice without a crash.
+
+A worker claims due rows one at a time inside a batch's transaction: a
+failing step's writes roll back to a savepoint taken before its first
+statement, so the run is recorded failed alone; a slow step holds no row it
+has not reached; ``commit="per_run"`` gives a workflow a commit of its own.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
+from kumiko_workflows import event_types as et
+from kumiko_workflows.exceptions import WorkflowDefinitionError
+from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.workflow.registry import registry
+from tests.support import subprocess_env, trigger, types_of
+from tests.testapp import workflows as w
+
+LINES: Path | None = None
+_SECOND = timedelta(seconds=1)
+
+
+def write_a_line(ctx):
+    """A side effect outside the database: one line per execution of the step."""
+    number = ctx.event.payload["number"]
+    assert LINES is not None
+    with LINES.open("a") as file:
+        file.write(f"{number}\n")
+    if number == 10:
+        raise RuntimeError("run 10 fails")
+    return number
+
+
+def _line_workflow(commit: str = "batch"):
+    return define_workflow(
+        name="t-lines",
+        trigger=on_event("t.lines"),
+        idempotency_key=w.run_key,
+        steps=[steps.wait("PT0S"), steps.compute("line", write_a_line)],
+        commit=commit,
+        register=False,
+    )
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 50])
+@pytest.mark.django_db
+def test_a_failing_run_in_a_batch_does_not_run_the_others_steps_again(
+    tmp_path, settings, batch_size
+):
+    global LINES
+    LINES = tmp_path / "lines.txt"
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_SIZE": batch_size}
+    with registry.override(_line_workflow()):
+        events = [trigger("t.lines", number=n) for n in range(1, 21)]
+        report = resume_due_runs(now=events[-1].created_at + _SECOND)
+
+    assert (report.resumed, report.completed, report.failed) == (20, 19, 1)
+    # Every run's step ran once: 20 lines, the failing run's included, no repeats.
+    assert sorted(map(int, LINES.read_text().split())) == list(range(1, 21))
+    assert WorkflowRun.objects.filter(status="completed").count() == 19
+
+
+@pytest.mark.django_db
+def test_commit_per_run_is_a_workflow_option_and_a_bad_one_is_refused(tmp_path):
+    global LINES
+    LINES = tmp_path / "lines.txt"
+    with registry.override(_line_workflow("per_run")):
+        events = [trigger("t.lines", number=n) for n in (1, 2, 3)]
+        report = resume_due_runs(now=events[-1].created_at + _SECOND)
+    assert (report.resumed, report.completed) == (3, 3)
+    with pytest.raises(WorkflowDefinitionError, match="commit must be one of batch, per_run"):
+        _line_workflow("sometimes")
+
+
+@pytest.mark.django_db
+def test_steps_that_never_query_cost_no_savepoint(tmp_path):
+    """The savepoint that protects a step's writes is taken only before its first statement."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    global LINES
+    LINES = tmp_path / "lines.txt"
+    with registry.override(_line_workflow()):
+        events = [trigger("t.lines", number=n) for n in (1, 2, 3)]
+        with CaptureQueriesContext(connection) as queries:
+            report = resume_due_runs(now=events[-1].created_at + _SECOND)
+    assert (report.resumed, report.completed) == (3, 3)
+    savepoints = [q["sql"] for q in queries if q["sql"].startswith("SAVEPOINT")]
+    # One: the batch's own atomic block, a savepoint only because the test's
+    # transaction is around it. None per run.
+    assert len(savepoints) == 1, savepoints
+
+
+def _fail_run_status_update_of(run_id):
+    """An execute wrapper: the database refuses the status UPDATE of one run (a fault)."""
+    from django.db import OperationalError
+
+    def wrapper(execute, sql, params, many, context):
+        names = {str(run_id), run_id.hex}
+        if "UPDATE \"kumiko_workflows_workflowrun\"" in sql and names & set(map(str, params)):
+            raise OperationalError("injected: the database refused the statement")
+        return execute(sql, params, many, context)
+
+    return wrapper
+
+
+@pytest.mark.django_db
+def test_an_error_in_the_engines_own_writes_rolls_back_that_run_and_counts_it(tmp_path, settings):
+    """With no site code reacting to run events, a run's writes have no savepoint of their
+    own: an error in them rolls back the transaction, the run is counted as an error with its
+    stream untouched, and at a commit per run no other run's step runs twice."""
+    from django.db import connection
+
+    global LINES
+    LINES = tmp_path / "lines.txt"
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_SIZE": 1}
+    with registry.override(_line_workflow()):
+        events = [trigger("t.lines", number=n) for n in (1, 2, 3)]
+        broken = run_id_for("t-lines", events[1].payload["run_key"])
+        with connection.execute_wrapper(_fail_run_status_update_of(broken)):
+            report = resume_due_runs(now=events[-1].created_at + _SECOND)
+
+    assert (report.completed, report.errors, report.failed) == (2, 1, 0), report
+    assert types_of(broken) == [et.RUN_STARTED, et.WAITING]
+    pending = WorkflowRunPending.objects.get(run_id=broken)
+    assert pending.resume_errors == 1
+    # Runs 1 and 3 wrote once each; the broken run's step ran in its rolled-back attempt.
+    assert sorted(map(int, LINES.read_text().split())) == [1, 2, 3]
+    with registry.override(_line_workflow()):
+        again = resume_due_runs(now=events[-1].created_at + 2 * _SECOND)
+    assert (again.completed, again.errors) == (1, 0)
+    assert types_of(broken)[-1] == et.RUN_COMPLETED
+
+
+HOLDER = textwrap.dedent(
+    """
+    import django
+    django.setup()
+    from kumiko_workflows import resume_due_runs
+    print(resume_due_runs(), flush=True)
+    """
+)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_step_holds_no_row_it_has_not_reached(tmp_path, past):
+    # The slow run is due first; twenty quick runs are due behind it.
+    slow = trigger("t.blocking", sync_dir=str(tmp_path), **{"for": past})
+    quick = [trigger("t.wait", **{"for": past}) for _ in range(20)]
+    worker = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], env=subprocess_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        running = tmp_path / f"running-{slow.payload['run_key']}"
+        deadline = time.monotonic() + 60
+        while not running.exists():  # the step says it runs (a file), not a timer
+            assert time.monotonic() < deadline, "the slow step never started"
+            assert worker.poll() is None, "the worker exited early"
+            time.sleep(0.01)
+
+        # While the slow step runs, another worker takes every quick run.
+        report = resume_due_runs()
+    finally:
+        (tmp_path / "release").touch()
+        worker.communicate(timeout=60)
+
+    assert (report.resumed, report.completed) == (20, 20)
+    for event in quick:
+        run_id = run_id_for("t-wait", event.payload["run_key"])
+        assert types_of(run_id)[-1] == et.RUN_COMPLETED
+    slow_run = run_id_for("t-blocking", slow.payload["run_key"])
+    assert types_of(slow_run)[-1] == et.RUN_COMPLETED
+    assert Event.objects.filter(aggregate_id=slow_run, type=et.RESUMED).count() == 1

@@ -1,0 +1,1 @@
+"""Tests with real processes: workers, proxies, reloads, races against PostgreSQL."""

@@ -1,0 +1,1 @@
+"""Tests of pure code: no database."""
