@@ -153,6 +153,7 @@ def _seed(runs: int, now: Any) -> None:
             [stamp],
         )
 
+
 def _heartbeats(now: Any) -> None:
     WorkerHeartbeat.objects.bulk_create(
         [

@@ -320,6 +320,8 @@ def _migration_sources(workflow: Any) -> list[checks.CheckMessage]:
                     )
                 )
     return errors
+
+
 @checks.register("kumiko_workflows", checks.Tags.database)
 def check_distribution(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any

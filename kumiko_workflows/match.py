@@ -279,9 +279,7 @@ def _path(path: Any) -> tuple[str | int, ...]:
     if not found:
         raise InvalidMatchExpression("match path is empty; name the payload key to compare")
     if len(found) > matching.MAX_PATH:
-        raise InvalidMatchExpression(
-            f"match path {path!r} is longer than {matching.MAX_PATH} keys"
-        )
+        raise InvalidMatchExpression(f"match path {path!r} is longer than {matching.MAX_PATH} keys")
     return found
 
 

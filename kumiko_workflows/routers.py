@@ -43,6 +43,7 @@ class WorkflowsRouter:
             return model_name == OUTBOX_MODEL or bool(db == workflow_settings.DATABASE)
         return None
 
+
 def _engine_alias(model: type[Any]) -> str | None:
     meta = model._meta
     if meta.app_label != APP_LABEL or meta.model_name == OUTBOX_MODEL:

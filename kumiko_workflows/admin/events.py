@@ -1,5 +1,4 @@
-"""The event log's admin: read-only, with the runs each event started or woke.
-"""
+"""The event log's admin: read-only, with the runs each event started or woke."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The pending rows' admin: what each waiting run waits for, and since or until when.
-"""
+"""The pending rows' admin: what each waiting run waits for, and since or until when."""
 
 from __future__ import annotations
 

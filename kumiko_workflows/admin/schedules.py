@@ -48,7 +48,6 @@ def _zone_of(name: str) -> Any:
 class ScheduleControls(WorkflowAdmin):
     """The run admin's part that lists the cron schedules and presses their buttons."""
 
-
     def _schedules(self, request: HttpRequest) -> list[dict[str, Any]]:
         tenant = admin_tenant(request)
         can_pause = self._holds_permission(request, "pause_schedule")

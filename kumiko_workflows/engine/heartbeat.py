@@ -24,7 +24,6 @@ from kumiko_workflows.store.db import CONNECTION_ERRORS
 logger = logging.getLogger(__name__)
 
 
-
 #: Seconds between two heartbeats of one worker, at least.
 HEARTBEAT_SECONDS = 5.0
 #: Heartbeats older than this are deleted when a worker writes its first one:

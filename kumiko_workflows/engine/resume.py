@@ -465,5 +465,3 @@ def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
         logger.exception("run=%s: its failed resume could not be counted or failed", row.run_id)
         return False
     return True
-
-

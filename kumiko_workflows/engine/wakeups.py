@@ -231,9 +231,7 @@ def _fail_invalid_match(row: WorkflowRunPending, exc: Exception) -> None:
         logger.exception("run=%s could not be marked failed", row.run_id)
 
 
-def _candidates(
-    event: Event, paths: list[str] | None = None, *, scanned: bool = True
-) -> list[Any]:
+def _candidates(event: Event, paths: list[str] | None = None, *, scanned: bool = True) -> list[Any]:
     """Querysets of the rows ``event`` may wake: stored under a key it offers, or scanned.
 
     ``paths`` are the payload paths the tenant's waits for the type use,
@@ -263,9 +261,7 @@ def _lock(rows: Any) -> tuple[list[WorkflowRunPending], bool]:
     return locked, len(locked) >= expected
 
 
-def wake_for_event(
-    event: Event, paths: list[str] | None = None, *, scanned: bool = True
-) -> bool:
+def wake_for_event(event: Event, paths: list[str] | None = None, *, scanned: bool = True) -> bool:
     """Wake every waiting run ``event`` ends; False if a candidate was locked (decide again).
 
     ``paths`` and ``scanned``: what :func:`_candidates` takes.

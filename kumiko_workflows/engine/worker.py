@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 30.0
 
+
 @dataclass
 class PassResult:
     report: ResumeReport

@@ -1,5 +1,4 @@
-"""The event store's table: ``Event``, the append-only log (the ORM refuses updates and deletes).
-"""
+"""The event store's table: ``Event``, the append-only log (the ORM refuses updates and deletes)."""
 
 from __future__ import annotations
 

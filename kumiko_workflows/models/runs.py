@@ -1,5 +1,4 @@
-"""The runs' status table, ``WorkflowRun`` (one row per run), a projection of the run streams.
-"""
+"""The runs' status table, ``WorkflowRun`` (one row per run), a projection of the run streams."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The purge's cut-off: ``--older-than`` durations and instants, and the ``RETENTION`` setting.
-"""
+"""The purge's cut-off: ``--older-than`` durations and instants, and the ``RETENTION`` setting."""
 
 from __future__ import annotations
 

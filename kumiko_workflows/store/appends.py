@@ -1,5 +1,4 @@
-"""The statements that append events: one INSERT per stream shape, and two appends chained in one.
-"""
+"""The statements that append events: one INSERT per stream shape, two appends chained in one."""
 
 from __future__ import annotations
 

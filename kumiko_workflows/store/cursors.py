@@ -1,5 +1,4 @@
-"""The hot statements' cursor: kept open on the connection, preparing what it runs again.
-"""
+"""The hot statements' cursor: kept open on the connection, preparing what it runs again."""
 
 from __future__ import annotations
 

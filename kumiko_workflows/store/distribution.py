@@ -112,7 +112,6 @@ def next_event_id() -> int:
         return int(value)
 
 
-
 def stream_elsewhere(tenant_id: str, aggregate_id: Any) -> bool:
     """Whether another tenant has a stream with this id (asked of every shard on Citus)."""
 

@@ -293,9 +293,7 @@ def delete_signal_delivery(tenant_id: str, event_id: int) -> None:
         return f"{relax}{sql} AND EXISTS (SELECT 1 FROM relaxed)"  # noqa: S608 - identifiers
 
     with hot_cursor() as cursor:
-        cursor.execute(
-            statement(("delete_signal_delivery", sharded), build), [tenant_id, event_id]
-        )
+        cursor.execute(statement(("delete_signal_delivery", sharded), build), [tenant_id, event_id])
 
 
 # --- the outbox on the site's databases (store/outbox) -------------------------

@@ -1,5 +1,4 @@
-"""Streams' identity: the engine's reserved streams, and the stream id of a model instance.
-"""
+"""Streams' identity: the engine's reserved streams, and the stream id of a model instance."""
 
 from __future__ import annotations
 
@@ -65,9 +64,7 @@ def stream_id_for(instance: Model) -> uuid.UUID:
     # back through its field, so "42" and 42 name one stream.
     parts = pk if isinstance(pk, tuple) else (None if pk is None else meta.pk.to_python(pk),)
     if None in parts:
-        raise InvalidEvent(
-            f"a {meta.label} without a primary key names no stream: save it first"
-        )
+        raise InvalidEvent(f"a {meta.label} without a primary key names no stream: save it first")
     return uuid.uuid5(MODEL_STREAM_NAMESPACE, f"{meta.label_lower}:" + "\x1f".join(map(str, parts)))
 
 

@@ -152,6 +152,7 @@ def settle_quiet_checks(checks: Sequence[tuple[int, str, str]]) -> set[int]:
     the deletion; the check is then decided again by a worker pass, which
     finds nothing to wake.
     """
+
     def build() -> str:
         ops = engine().ops
         table = ops.quote_name(WakeCheck._meta.db_table)

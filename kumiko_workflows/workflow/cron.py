@@ -28,6 +28,7 @@ CRON_HORIZON_YEARS = 5
 #: croniter's random (R) and hashed (H) fields, as croniter itself matches them.
 _HASHED_FIELD = re.compile(r"([hr])(\(\d+-\d+\))?(/\d+)?", re.IGNORECASE | re.ASCII)
 
+
 @dataclass(frozen=True, eq=False)
 class CronTrigger:
     expression: str
@@ -46,7 +47,6 @@ class CronTrigger:
     @property
     def zone(self) -> zoneinfo.ZoneInfo:
         return zoneinfo.ZoneInfo(self.timezone)
-
 
 
 def cron_problem(

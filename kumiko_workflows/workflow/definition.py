@@ -39,7 +39,6 @@ from kumiko_workflows.workflow.validation import validate
 _RUN_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://kumiko-workflows/workflow-run")
 
 
-
 #: How a worker commits the resumes of a workflow's runs: with others in a
 #: batch (fast), or each on its own (a killed worker repeats no other run).
 COMMIT_MODES = ("batch", "per_run")

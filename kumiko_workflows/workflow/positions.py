@@ -1,5 +1,4 @@
-"""Step positions (``"2.then.0"``): parsing and ordering them, and what a run at one has reached.
-"""
+"""Step positions (``"2.then.0"``): parsing and ordering them, and what a run at one has reached."""
 
 from __future__ import annotations
 

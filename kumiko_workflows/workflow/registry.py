@@ -1,5 +1,4 @@
-"""The process-wide registry of workflow definitions, by name and version.
-"""
+"""The process-wide registry of workflow definitions, by name and version."""
 
 from __future__ import annotations
 

@@ -435,6 +435,7 @@ COMPENSATE = Record(
     outcome="suspended",
 )
 
+
 def _slot_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
     # The suspension it was claimed from, kept as it stood (None: a queued
     # start or a rerun, which run their step again), out of the due range
@@ -466,7 +467,6 @@ def _rate_pending(payload: dict[str, Any], at: datetime) -> dict[str, Any]:
 
 def _rate_facts(row: Any, tell: Teller) -> Facts:
     return [("Rate limit", f"next start allowed at {tell.when(row.wake_at)}")]
-
 
 
 def _key_words(payload: dict[str, Any]) -> str:

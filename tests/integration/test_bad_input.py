@@ -525,9 +525,11 @@ def test_a_bad_by_of_a_schedule_operation_is_refused_before_any_sql(
             _schedule_operation(operation)(by)
         assert _schedule_operation("pause")("ops") is True  # the transaction goes on
 
-    assert not Event.objects.filter(aggregate_type=et.SCHEDULE_AGGREGATE_TYPE).exclude(
-        type__in=[et.SCHEDULE_STARTED, et.SCHEDULE_PAUSED]
-    ).exists()
+    assert (
+        not Event.objects.filter(aggregate_type=et.SCHEDULE_AGGREGATE_TYPE)
+        .exclude(type__in=[et.SCHEDULE_STARTED, et.SCHEDULE_PAUSED])
+        .exists()
+    )
 
 
 BAD_REASONS = {

@@ -106,7 +106,7 @@ def _fail_run_status_update_of(run_id):
 
     def wrapper(execute, sql, params, many, context):
         names = {str(run_id), run_id.hex}
-        if "UPDATE \"kumiko_workflows_workflowrun\"" in sql and names & set(map(str, params)):
+        if 'UPDATE "kumiko_workflows_workflowrun"' in sql and names & set(map(str, params)):
             raise OperationalError("injected: the database refused the statement")
         return execute(sql, params, many, context)
 

@@ -23,9 +23,7 @@ KEYS = importlib.import_module("kumiko_workflows.migrations.0021_citus_tenant_ke
 
 @pytest.mark.django_db
 def test_the_migration_lists_every_tenant_table_with_its_key():
-    assert [(m._meta.db_table, m._meta.pk.column) for m in TENANT_MODELS] == list(
-        KEYS.TENANT_KEYS
-    )
+    assert [(m._meta.db_table, m._meta.pk.column) for m in TENANT_MODELS] == list(KEYS.TENANT_KEYS)
 
 
 @pytest.mark.django_db

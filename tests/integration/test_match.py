@@ -166,7 +166,7 @@ def test_a_run_dependent_value_is_resolved_when_the_wait_begins_not_before():
         expression.to_json()
     assert not expression.is_static()
     assert repr(expression) == (
-        "<match (order_id = \"match.from_trigger(('order_id',))\" and u = \"user_of(ctx)\")>"
+        '<match (order_id = "match.from_trigger((\'order_id\',))" and u = "user_of(ctx)")>'
     )
 
 
@@ -309,9 +309,7 @@ def _statuses(tenant, key):
 @pytest.mark.django_db
 @pytest.mark.parametrize("builder, json_form, cases", CASES.values(), ids=CASES.keys())
 @pytest.mark.parametrize("by", ["wake-up", "look-back"])
-def test_the_engine_ends_the_same_runs_for_the_builder_and_the_json(
-    builder, json_form, cases, by
-):
+def test_the_engine_ends_the_same_runs_for_the_builder_and_the_json(builder, json_form, cases, by):
     from kumiko_workflows import resume_due_runs
 
     with registry.override(_workflow("m-builder", builder), _workflow("m-json", json_form)):

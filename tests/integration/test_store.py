@@ -189,7 +189,7 @@ def test_aware_datetimes_dates_uuids_and_tuples_are_stored_as_json():
 
 
 def test_payload_and_metadata_round_trip_and_answer_key_lookups():
-    payload = {"note": "€ naïve\u2028 \"quoted\"", "items": [1, {"x": None}], "n": 2**63 - 1}
+    payload = {"note": '€ naïve\u2028 "quoted"', "items": [1, {"x": None}], "n": 2**63 - 1}
 
     event = append(new_stream(), payload=payload, metadata={"who": "zoë"})
 

@@ -315,7 +315,6 @@ def test_the_engines_own_event_types_cannot_be_awaited():
         )
 
 
-
 # --- the cost of an awaited append when nobody waits (issue 26) -----------------
 
 

@@ -197,7 +197,11 @@ def test_append_wake_up_claim_and_resume_are_each_one_shards_statements(past):
     with _recorded() as appends:  # to an existing stream: next version, and an expected one
         append_event(user_stream, "citus-user", "t.citus-note", {"n": 1}, tenant_id=tenant)
         append_event(
-            user_stream, "citus-user", "t.citus-note", {"n": 2}, tenant_id=tenant,
+            user_stream,
+            "citus-user",
+            "t.citus-note",
+            {"n": 2},
+            tenant_id=tenant,
             expected_version=2,
         )
     with _recorded() as resumes:  # claim, resume, suspend on wait_for_event
@@ -247,7 +251,11 @@ def test_event_ids_come_from_the_coordinators_sequence_in_append_order():
         for tenant in tenants:  # across shards on both workers, in turn
             expected = None if round == 0 else round
             event = append_event(
-                streams[tenant], "citus-ids", "t.citus-id", {"r": round}, tenant_id=tenant,
+                streams[tenant],
+                "citus-ids",
+                "t.citus-id",
+                {"r": round},
+                tenant_id=tenant,
                 expected_version=expected,
             )
             appended.append(event.id)

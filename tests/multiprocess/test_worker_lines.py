@@ -28,6 +28,7 @@ from tests.support import manage, on_postgres, run_manage, trigger, types_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
 def loop_worker(*args: str) -> subprocess.Popen:
     return manage("resume_due_runs", "--loop", "--no-cron", *args)
 
@@ -112,9 +113,9 @@ def test_an_idle_worker_prints_nothing_and_its_totals_are_what_it_did(past):
     assert done == 3
     passes = int(re.search(r"stopped after (\d+) pass\(es\)", lines[-1])[1])
     assert passes > len(summaries)
-    assert lines[-1].endswith(
-        "resumed=3 completed=3 suspended=0 failed=0 errors=0 fired=0"
-    ), lines[-1]
+    assert lines[-1].endswith("resumed=3 completed=3 suspended=0 failed=0 errors=0 fired=0"), lines[
+        -1
+    ]
     for run_id in runs:
         assert types_of(run_id)[-1] == et.RUN_COMPLETED
 

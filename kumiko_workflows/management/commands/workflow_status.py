@@ -15,7 +15,6 @@ prints one line (``--json``: an object saying so) and exits 1. The report
 itself is :mod:`kumiko_workflows.operations.status`; this is its shell.
 """
 
-
 from __future__ import annotations
 
 import json
