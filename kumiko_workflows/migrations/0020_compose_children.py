@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='workflowrun',
             name='parent_group',
-            field=models.CharField(blank=True, default='', help_text="The parent's group of children this run belongs to (its step and attempt).", max_length=200),
+            field=models.CharField(blank=True, db_default='', default='', help_text="The parent's group of children this run belongs to (its step and attempt).", max_length=200),
         ),
         migrations.AddField(
             model_name='workflowrun',

@@ -89,10 +89,12 @@ class WorkflowRun(models.Model):
         blank=True,
         help_text="The run whose call_workflow or fan_out step started this run, if any.",
     )
+    # db_default: rows written outside the ORM (bulk loads) are no child's.
     parent_group = models.CharField(
         max_length=200,
         blank=True,
         default="",
+        db_default="",
         help_text="The parent's group of children this run belongs to (its step and attempt).",
     )
 
