@@ -131,12 +131,12 @@ def generate_waiting_runs(
                suspension_type,
                wake_at, timeout_at, retry_attempt, definition_fingerprint, wait_event_type,
                awaits_key, match_expr, awaited_event_id, match_scan, trigger_event_id,
-               run_version, state, suspended_at, due_since)
+               run_version, state, suspended_at, due_since, claim_at)
         SELECT w.tenant_id, w.aggregate_id, '0', %(name)s, %(workflow_version)s, 'wait',
                %(wake_at)s, NULL, 0,
                %(fingerprint)s, '', '', NULL, NULL, false,
                (w.payload ->> 'trigger_event_id')::bigint,
-               2, w.payload -> 'state', w.created_at, NULL
+               2, w.payload -> 'state', w.created_at, NULL, %(wake_at)s
         FROM {event} w
         WHERE w.tenant_id = %(tenant)s AND w.aggregate_id = ANY(%(runs)s::uuid[])
           AND w.version = 2""",  # noqa: S608 - table names from _meta
