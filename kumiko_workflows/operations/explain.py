@@ -128,7 +128,7 @@ def _instant(value: Any) -> str:
 
 
 class _Words:
-    """How the timeline puts a payload's instants and matches (:class:`suspensions.Words`)."""
+    """How the timeline puts a payload's instants and matches (:class:`suspension_record.Words`)."""
 
     def instant(self, value: Any) -> str:
         return _instant(value)
@@ -391,7 +391,7 @@ def _explain_failed(run: WorkflowRun) -> Explanation:
 
 @dataclass
 class _Teller:
-    """How the suspension records' facts are told here (:class:`suspensions.Teller`)."""
+    """How the suspension records' facts are told here (:class:`suspension_record.Teller`)."""
 
     run: WorkflowRun
 

@@ -169,7 +169,7 @@ class Step:
     (:meth:`arms`), fingerprinting (:meth:`describe`). Running
     (:meth:`run`), through the :class:`Execution` the engine passes in. A
     step that suspends raises :class:`Suspend` with the run event of one of
-    the suspension records in :mod:`kumiko_workflows.suspensions`, and
+    the suspension records in :mod:`kumiko_workflows.workflow.suspensions`, and
     ``resumes_from`` names those records' suspension types, so a resume
     knows the step a pending row may continue. A new step kind is a new
     subclass; nothing else in the engine names the kinds.
