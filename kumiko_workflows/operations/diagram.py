@@ -37,9 +37,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kumiko_workflows.models import RunStatus
-from kumiko_workflows.operations.explain import describe_match, humanize, when
 from kumiko_workflows.operations.run_path import RunPath, Trace, read_path
 from kumiko_workflows.operations.step_results import READABLE_ITEMS, readable, result_rows
+from kumiko_workflows.operations.words import describe_match, humanize, when
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.positions import reached
 from kumiko_workflows.workflow.step_kind import Step, callable_name, path_text

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kumiko_workflows.operations.explain import short_json
 from kumiko_workflows.operations.run_path import RunPath, result_producers
+from kumiko_workflows.operations.words import short_json
 from kumiko_workflows.workflow.definition import Workflow
 
 #: Items of a list or keys of an object shown before "and N more".
