@@ -66,7 +66,7 @@ class Suspend(Exception):
 class Execution(Protocol):
     """What the engine offers a step while it runs.
 
-    The engine's side is :class:`kumiko_workflows.engine.segment.Executor`.
+    The engine's side is :class:`kumiko_workflows.engine.executor.Executor`.
 
     Every method that reports a problem returns the exception to raise, so a
     step kind needs nothing from the engine's modules but this.
