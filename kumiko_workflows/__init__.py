@@ -45,7 +45,7 @@ _EXPORTS = {
     "ScheduleError": "kumiko_workflows.exceptions",
     "InvalidArgument": "kumiko_workflows.exceptions",
     "MigrationRefused": "kumiko_workflows.exceptions",
-    "RunContext": "kumiko_workflows.engine.segment",
+    "RunContext": "kumiko_workflows.engine.run_context",
     "resume_due_runs": "kumiko_workflows.engine.resume",
     "cancel_run": "kumiko_workflows.engine.run_controls",
     "wake_run": "kumiko_workflows.engine.run_controls",
@@ -125,13 +125,13 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from kumiko_workflows.engine.cron import fire_due_schedules
     from kumiko_workflows.engine.resume import resume_due_runs
+    from kumiko_workflows.engine.run_context import RunContext
     from kumiko_workflows.engine.run_controls import cancel_run, rerun_run, wake_run
     from kumiko_workflows.engine.schedule_controls import (
         fire_schedule_now,
         pause_schedule,
         resume_schedule,
     )
-    from kumiko_workflows.engine.segment import RunContext
     from kumiko_workflows.engine.starts import start_in_worker
     from kumiko_workflows.engine.version_moves import migrate_workflow_runs
     from kumiko_workflows.exceptions import (

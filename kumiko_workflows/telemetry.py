@@ -16,14 +16,16 @@ error classes, never payload data nor an exception's message.
 Run counts (started, completed, failed, cancelled), resumes and cron slots
 are counted when the transaction that wrote them commits, never for work
 rolled back; step durations and conflicts are measured as they happen.
+
+The attribute keys and the metric instruments are
+:mod:`kumiko_workflows.telemetry_instruments`.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -31,10 +33,23 @@ from datetime import datetime
 from functools import wraps
 from typing import Any, TypeVar, cast
 
-from django.utils import timezone
-
-from kumiko_workflows import __version__
-from kumiko_workflows.store import claims, db, slots
+from kumiko_workflows.store import db
+from kumiko_workflows.telemetry_instruments import (
+    ATTEMPT,
+    CONFLICT,
+    ERROR_KIND,
+    ERROR_TYPE,
+    OUTCOME,
+    REASON,
+    RUN_ID,
+    STEP,
+    STEP_KIND,
+    SUSPENSION,
+    TENANT,
+    VERSION,
+    WORKFLOW,
+    Instruments,
+)
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.step_kind import Suspend, path_text
@@ -45,27 +60,6 @@ try:
 except ImportError:  # the optional extra is not installed: every hook is a no-op
     context = metrics = trace = None  # type: ignore[assignment]
 
-logger = logging.getLogger(__name__)
-
-# Attribute keys, on spans and metrics alike.
-RUN_ID = "kumiko.run_id"
-WORKFLOW = "kumiko.workflow"
-VERSION = "kumiko.workflow_version"
-TENANT = "kumiko.tenant"
-STEP = "kumiko.step"
-STEP_KIND = "kumiko.step_kind"
-ATTEMPT = "kumiko.attempt"
-OUTCOME = "kumiko.outcome"
-SUSPENSION = "kumiko.suspension"
-REASON = "kumiko.failure_reason"
-CONFLICT = "kumiko.conflict"
-ERROR_KIND = "kumiko.error"
-ERROR_TYPE = "error.type"  # OpenTelemetry's semantic convention for the error class
-
-#: Most due rows the backlog gauge counts per tenant, so a scrape stays cheap.
-BACKLOG_CAP = 100_000
-_LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
-_STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 #: The segment outcome a run event that suspends no run means; a suspending
@@ -86,61 +80,6 @@ def outcome_of(event_type: str) -> str | None:
     return None if record is None else record.outcome
 
 
-class _Instruments:
-    """The tracer and the metric instruments, from one pair of providers."""
-
-    def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
-        self.tracer = trace.get_tracer("kumiko_workflows", __version__, tracer_provider)
-        meter = metrics.get_meter("kumiko_workflows", __version__, meter_provider)
-        runs = "{run}"
-        self.started = meter.create_counter("kumiko.runs.started", runs, "Runs started")
-        self.completed = meter.create_counter("kumiko.runs.completed", runs, "Runs completed")
-        self.failed = meter.create_counter("kumiko.runs.failed", runs, "Runs failed, by reason")
-        self.cancelled = meter.create_counter("kumiko.runs.cancelled", runs, "Runs cancelled")
-        self.resumes = meter.create_counter(
-            "kumiko.resumes", runs, "Suspensions resumed by a worker"
-        )
-        self.conflicts = meter.create_counter(
-            "kumiko.claim.conflicts",
-            "{conflict}",
-            "Appends that lost a race for a stream version, by kind",
-        )
-        self.resume_lag = meter.create_histogram(
-            "kumiko.resume.lag",
-            "s",
-            "From the moment a suspension was due to the moment a worker resumed it",
-            explicit_bucket_boundaries_advisory=_LAG_BUCKETS,
-        )
-        self.step_duration = meter.create_histogram(
-            "kumiko.step.duration",
-            "s",
-            "How long a step ran, by workflow, step and outcome",
-            explicit_bucket_boundaries_advisory=_STEP_BUCKETS,
-        )
-        self.passes = meter.create_counter(
-            "kumiko.worker.passes", "{pass}", "Passes of resume_due_runs workers"
-        )
-        self.worker_errors = meter.create_counter(
-            "kumiko.worker.errors", "{error}", "Errors of resume_due_runs workers, by kind"
-        )
-        self.slots_fired = meter.create_counter(
-            "kumiko.cron.slots_fired", "{slot}", "Cron slots fired"
-        )
-        meter.create_observable_gauge(
-            "kumiko.runs.due",
-            [_observe_due],
-            runs,
-            f"Due runs waiting for a worker, per tenant (counted up to {BACKLOG_CAP:,})",
-        )
-        meter.create_observable_gauge(
-            "kumiko.runs.queued",
-            [_observe_queued],
-            runs,
-            "Runs a flow-control limit holds back, per tenant and kind "
-            "(limited: queued for a concurrency slot; rate: waiting for the rate limit)",
-        )
-
-
 def configure(tracer_provider: Any = None, meter_provider: Any = None) -> None:
     """Use these providers instead of OpenTelemetry's global ones; no arguments: the global ones.
 
@@ -153,7 +92,7 @@ def configure(tracer_provider: Any = None, meter_provider: Any = None) -> None:
     if tracer_provider is None and meter_provider is None:
         _active = _global
     else:
-        _active = _Instruments(tracer_provider, meter_provider)
+        _active = Instruments(tracer_provider, meter_provider)
 
 
 @dataclass
@@ -220,7 +159,7 @@ def _end(span: Any, token: Any, outcome: str) -> None:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _live() -> _Instruments | None:
+def _live() -> Instruments | None:
     """The instruments to record with; None while the global providers are the API's
     proxies (no SDK set up: nothing is recorded, so no span or attribute is built)."""
     active = _active
@@ -255,7 +194,7 @@ def counting_batch() -> Iterator[None]:
         _add(active, tally)
 
 
-def _add(active: _Instruments, tally: _Tally) -> None:
+def _add(active: Instruments, tally: _Tally) -> None:
     for (counter, attributes), count in tally[0].items():
         counter.add(count, dict(attributes))
     for lag, labels in tally[1]:
@@ -487,40 +426,6 @@ def worker_error(kind: str) -> None:
         active.worker_errors.add(1, {ERROR_KIND: kind})
 
 
-# --- the due backlog gauge ------------------------------------------------------------
-
-
-def _observe_due(options: Any) -> Iterable[Any]:
-    """Due rows per tenant, read when a metric reader collects (a scrape, an export)."""
-    rows = _read("due backlog", lambda: claims.due_backlog(timezone.now(), BACKLOG_CAP))
-    return [metrics.Observation(count, {TENANT: tenant}) for tenant, count in rows]
-
-
-def _observe_queued(options: Any) -> Iterable[Any]:
-    """Runs held back by a concurrency or rate limit, per tenant and kind, read when collected."""
-    return [
-        metrics.Observation(count, {TENANT: tenant, SUSPENSION: kind})
-        for tenant, kind, count in _read("queued runs", slots.held_back_by_tenant)
-    ]
-
-
-def _read(what: str, query: Callable[[], list[Any]]) -> list[Any]:
-    """A gauge's rows, or none: a collecting thread's failure never reaches the reader."""
-    connection = db.engine()
-    opened = connection.connection is None
-    try:
-        return query()
-    except Exception as exc:
-        # The reader's thread may have no usable connection (or none allowed):
-        # no observation this time, and the reader carries on.
-        logger.warning("%s not observed: %s", what, type(exc).__name__)
-        return []
-    finally:
-        # A reader's thread (an exporter's, a scrape's) must not keep a connection open.
-        if opened and not connection.in_atomic_block:
-            connection.close()
-
-
 #: The instruments of the global providers (which may be set later: they follow).
-_global: _Instruments | None = None if trace is None else _Instruments()
-_active: _Instruments | None = _global
+_global: Instruments | None = None if trace is None else Instruments()
+_active: Instruments | None = _global

@@ -32,7 +32,7 @@ from kumiko_workflows.operations.dashboard import (
     Series,
     dashboard,
 )
-from kumiko_workflows.operations.explain import humanize, when
+from kumiko_workflows.operations.words import humanize, when
 from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.definition import Workflow

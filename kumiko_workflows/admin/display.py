@@ -16,11 +16,7 @@ from django.utils.functional import lazy
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
-from kumiko_workflows.operations.explain import (
-    plural,
-    pretty_json,
-    when,
-)
+from kumiko_workflows.operations.words import plural, pretty_json, when
 
 
 def runs_text(count: int) -> str:

@@ -12,11 +12,7 @@ from kumiko_workflows.models import (
     SuspensionType,
     WorkflowRunPending,
 )
-from kumiko_workflows.operations.explain import (
-    describe_match,
-    humanize,
-    when,
-)
+from kumiko_workflows.operations.words import describe_match, humanize, when
 from kumiko_workflows.workflow import clock
 
 

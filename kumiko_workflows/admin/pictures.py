@@ -21,7 +21,7 @@ from django.utils.html import format_html
 
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.operations import diagram
-from kumiko_workflows.operations.explain import describe_event, short_payload
+from kumiko_workflows.operations.timeline import describe_event, short_payload
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.registry import registry
 

@@ -31,18 +31,11 @@ from kumiko_workflows.models import (
     WorkflowRun,
 )
 from kumiko_workflows.operations.dashboard import failure_reasons_present
-from kumiko_workflows.operations.explain import (
-    Explanation,
-    attempt_text,
-    awaited_events,
-    explain,
-    plural,
-    step_label,
-    timeline,
-    when,
-)
+from kumiko_workflows.operations.explain import Explanation, attempt_text, explain
 from kumiko_workflows.operations.status import outbox_backlog, outbox_problems
+from kumiko_workflows.operations.timeline import awaited_events, timeline
 from kumiko_workflows.operations.version_table import stale_workers, version_table
+from kumiko_workflows.operations.words import plural, step_label, when
 from kumiko_workflows.workflow import clock
 
 #: Seconds an outbox's oldest append may wait before the run list says so

@@ -31,9 +31,7 @@ from kumiko_workflows.exceptions import (
 from kumiko_workflows.models import (
     WorkflowRun,
 )
-from kumiko_workflows.operations.explain import (
-    when,
-)
+from kumiko_workflows.operations.words import when
 from kumiko_workflows.workflow.definition import run_id_for
 
 

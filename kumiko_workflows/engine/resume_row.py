@@ -13,7 +13,9 @@ from typing import Any
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.engine import compensation, deploys, gates, limits
-from kumiko_workflows.engine.segment import Cursor, RunContext, fail_opened, run_segment
+from kumiko_workflows.engine.executor import Cursor
+from kumiko_workflows.engine.run_context import RunContext
+from kumiko_workflows.engine.segment import fail_opened, run_segment
 from kumiko_workflows.engine.wakeups import (
     event_ending,
 )

@@ -18,7 +18,8 @@ from typing import Any, cast
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.engine import children, gates
-from kumiko_workflows.engine.segment import RunContext, fail_opened, run_segment
+from kumiko_workflows.engine.run_context import RunContext
+from kumiko_workflows.engine.segment import fail_opened, run_segment
 from kumiko_workflows.exceptions import (
     VersionConflict,
 )

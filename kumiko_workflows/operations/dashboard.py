@@ -44,8 +44,8 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.operations.explain import humanize
 from kumiko_workflows.operations.status import DUE_CAP, due_by_tenant, oldest_due, workers
+from kumiko_workflows.operations.words import humanize
 from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import FAILURE_REASONS
 

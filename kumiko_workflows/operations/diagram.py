@@ -22,6 +22,11 @@ clock the events have for it. A wait's duration is from its suspension to
 its resume. Which arm of a branch ran is recorded only by what ran inside
 it: an arm with a step that would have left a trace and left none was not
 taken; with no trace either way the diagram says "not known".
+
+The run's events are read by :mod:`kumiko_workflows.operations.run_path`;
+the step results panel beside the diagram is
+:mod:`kumiko_workflows.operations.step_results` (its :func:`result_rows`,
+:func:`readable` and :data:`READABLE_ITEMS` are named here too).
 """
 
 from __future__ import annotations
@@ -32,11 +37,30 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kumiko_workflows.models import RunStatus
-from kumiko_workflows.operations.explain import describe_match, humanize, short_json, when
-from kumiko_workflows.workflow import event_types as et
+from kumiko_workflows.operations.run_path import RunPath, Trace, read_path
+from kumiko_workflows.operations.step_results import READABLE_ITEMS, readable, result_rows
+from kumiko_workflows.operations.words import describe_match, humanize, when
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.positions import reached
-from kumiko_workflows.workflow.step_kind import Step, callable_name, iter_steps, path_text
+from kumiko_workflows.workflow.step_kind import Step, callable_name, path_text
+
+__all__ = [
+    "LAYOUTS",
+    "READABLE_ITEMS",
+    "SHAPES",
+    "STATES",
+    "Arm",
+    "Node",
+    "RunPath",
+    "Shape",
+    "read_path",
+    "readable",
+    "result_rows",
+    "run_nodes",
+    "shape_of",
+    "took",
+    "workflow_nodes",
+]
 
 #: Layouts of a step's arms (see the module docstring).
 LAYOUTS = ("sequence", "alternatives", "parallel", "body")
@@ -223,128 +247,6 @@ def workflow_nodes(workflow: Workflow) -> list[Node]:
     return _nodes(workflow.steps, ())
 
 
-# --- a run's path ------------------------------------------------------------------
-
-
-@dataclass
-class _Trace:
-    """What a run's events say about one step position."""
-
-    suspended_at: datetime | None = None
-    resumed_at: datetime | None = None
-    ran_at: datetime | None = None
-    segment: timedelta | None = None
-    attempts: int = 0
-    max_attempts: Any = None
-    retry_started: datetime | None = None
-    retry_ended: datetime | None = None
-    resumed_with: str = ""
-    failed: bool = False
-
-
-@dataclass
-class RunPath:
-    """A run's events read for the diagram and the results panel."""
-
-    traces: dict[str, _Trace]
-    #: Result name -> (value, when it was first kept, the step position that made it).
-    results: dict[str, tuple[Any, datetime, str]]
-    #: Awaits key -> the awaited event's id (None: the wait timed out or was woken).
-    awaited: dict[str, int | None]
-    #: Engine internals of the latest state (trace links and the like).
-    internals: dict[str, Any]
-    failed_step: str = ""
-
-
-def _producers(workflow: Workflow) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for path, step in iter_steps(workflow.steps):
-        name = step.result_name()
-        if name is not None:
-            found.setdefault(name, path_text(path))
-    return found
-
-
-def read_path(workflow: Workflow | None, events: Iterable[Any]) -> RunPath:
-    """The traces, results and awaited events of a run's events (oldest first)."""
-    producers = _producers(workflow) if workflow is not None else {}
-    traces: dict[str, _Trace] = {}
-    results: dict[str, tuple[Any, datetime, str]] = {}
-    awaited: dict[str, int | None] = {}
-    internals: dict[str, Any] = {}
-    failed_step = ""
-    opened: datetime | None = None
-    retrying: str | None = None
-
-    def trace(step: str) -> _Trace:
-        return traces.setdefault(step, _Trace())
-
-    for event in events:
-        payload = event.payload or {}
-        at = event.created_at
-        step = payload.get("step") or ""
-        if event.type in (et.RUN_STARTED, et.RESUMED):
-            opened = at
-            if event.type == et.RESUMED and step:
-                kind = payload.get("suspension_type") or ""
-                if kind == "retry":
-                    retrying = step
-                elif kind in ("wait", "event"):
-                    found = trace(step)
-                    found.resumed_at = at
-                    if kind == "event":
-                        event_id = payload.get("awaited_event_id")
-                        found.resumed_with = (
-                            f"the awaited event #{event_id} arrived"
-                            if event_id
-                            else "no event: the deadline passed, or it was woken"
-                        )
-            continue
-        if event.type == et.RERUN_REQUESTED:
-            failed_step = ""
-            for found in traces.values():
-                found.failed = False
-            continue
-        if event.type not in (*et.SUSPENSIONS, *et.TERMINAL):
-            continue
-        segment = at - opened if opened is not None else None
-        state = payload.get("state")
-        if isinstance(state, dict):
-            for name, value in (state.get("results") or {}).items():
-                if name not in results:
-                    producer = producers.get(name, "")
-                    results[name] = (value, at, producer)
-                    if producer:
-                        ran = trace(producer)
-                        ran.ran_at, ran.segment = at, segment
-                else:
-                    results[name] = (value, results[name][1], results[name][2])
-            for key, event_id in (state.get("awaited") or {}).items():
-                awaited[key] = event_id
-            internals = {k: v for k, v in state.items() if k not in ("results", "awaited")}
-        if retrying is not None and not (event.type == et.RETRY_SCHEDULED and step == retrying):
-            trace(retrying).retry_ended = at
-            retrying = None
-        if event.type in (et.WAITING, et.WAITING_FOR_EVENT) and step:
-            trace(step).suspended_at = at
-        elif event.type == et.RETRY_SCHEDULED and step:
-            found = trace(step)
-            found.attempts = max(found.attempts, int(payload.get("attempt") or 0))
-            found.max_attempts = payload.get("max_attempts")
-            if found.retry_started is None:
-                found.retry_started = opened
-        elif event.type == et.RUN_FAILED:
-            failed_step = step
-            if step:
-                found = trace(step)
-                found.failed = True
-                if payload.get("attempt"):
-                    found.attempts = int(payload["attempt"])
-                    found.max_attempts = payload.get("max_attempts")
-        opened = None
-    return RunPath(traces, results, awaited, internals, failed_step)
-
-
 def _inside(path: str, position: str) -> bool:
     return position == path or position.startswith(path + ".")
 
@@ -468,7 +370,7 @@ def took(delta: timedelta) -> str:
     return humanize(delta)
 
 
-def _told(node: Node, found: _Trace, run: Any, now: datetime) -> tuple[str, str]:
+def _told(node: Node, found: Trace, run: Any, now: datetime) -> tuple[str, str]:
     """(duration, outcome) of a step, in words, from its trace."""
     if node.kind == "retry" and (found.attempts or found.failed):
         most = found.max_attempts or "?"
@@ -495,92 +397,3 @@ def _told(node: Node, found: _Trace, run: Any, now: datetime) -> tuple[str, str]
     if found.failed:
         return "", "raised: see the error below"
     return "", ""
-
-
-# --- the step results panel --------------------------------------------------------
-
-#: Items of a list or keys of an object shown before "and N more".
-READABLE_ITEMS = 12
-#: Deeper than this, a value is shown as one line of JSON.
-READABLE_DEPTH = 2
-
-
-@dataclass
-class Readable:
-    """A JSON value for people: a text, key/value pairs, or items (nested up to a depth)."""
-
-    kind: str
-    text: str = ""
-    pairs: list[tuple[str, Readable]] = field(default_factory=list)
-    items: list[Readable] = field(default_factory=list)
-    more: int = 0
-
-
-def readable(value: Any, depth: int = 0) -> Readable:
-    """``value`` (a step result) as a :class:`Readable`."""
-    if value is None:
-        return Readable("empty", "none")
-    if isinstance(value, bool):
-        return Readable("text", "yes" if value else "no")
-    if isinstance(value, str):
-        return Readable("text", value) if value else Readable("empty", "empty text")
-    if isinstance(value, int | float):
-        return Readable("text", f"{value:,}" if isinstance(value, int) else str(value))
-    if depth >= READABLE_DEPTH and isinstance(value, dict | list):
-        return Readable("json", short_json(value, 200))
-    if isinstance(value, dict):
-        if not value:
-            return Readable("empty", "an empty object")
-        keys = sorted(value, key=str)
-        pairs = [(str(key), readable(value[key], depth + 1)) for key in keys[:READABLE_ITEMS]]
-        return Readable("pairs", pairs=pairs, more=max(0, len(keys) - READABLE_ITEMS))
-    if isinstance(value, list):
-        if not value:
-            return Readable("empty", "an empty list")
-        items = [readable(item, depth + 1) for item in value[:READABLE_ITEMS]]
-        return Readable("items", items=items, more=max(0, len(value) - READABLE_ITEMS))
-    return Readable("text", str(value))
-
-
-@dataclass
-class ResultRow:
-    name: str
-    #: The step that made it, in words (``step 0 (compute 'welcome')``), if known.
-    step: str
-    at: datetime | None
-    value: Readable
-    #: For an awaited event: its id (None: the wait ended without one), and its page.
-    awaited_event_id: int | None = None
-    awaited: bool = False
-    awaited_url: str = ""
-
-
-def result_rows(
-    workflow: Workflow | None, path: RunPath, event_url: Callable[[int], str] | None = None
-) -> list[ResultRow]:
-    """The run's step results, in the order they were kept; awaited events by reference.
-
-    ``event_url`` gives an awaited event's page (the admin's), for the link.
-    """
-    rows = []
-    for name, (value, at, producer) in sorted(path.results.items(), key=lambda item: item[1][1]):
-        step = workflow.label(producer) if workflow is not None and producer else ""
-        rows.append(ResultRow(name, step, at, readable(value)))
-    producers = _producers(workflow) if workflow is not None else {}
-    for key, event_id in path.awaited.items():
-        producer = producers.get(key, "")
-        step = workflow.label(producer) if workflow is not None and producer else ""
-        resumed = path.traces.get(producer)
-        resumed_at = resumed.resumed_at if resumed is not None else None
-        text = "" if event_id else "none: the wait ended without the event"
-        rows.append(
-            ResultRow(
-                key,
-                step,
-                resumed_at,
-                Readable("empty", text),
-                awaited_event_id=event_id,
-                awaited=True,
-            )
-        )
-    return rows

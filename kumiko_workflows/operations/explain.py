@@ -4,16 +4,17 @@ What a run waits for and since when, why it failed, and its event timeline,
 read from its run-status row, its pending row and its event stream. Times
 are told in the current time zone, with the zone named; words, not
 markup, so the admin and the commands can show them alike.
+
+The run's event timeline is :mod:`kumiko_workflows.operations.timeline`
+(its :func:`timeline` and :func:`describe_event` are named here too); the
+small texts both are written with, :mod:`kumiko_workflows.operations.words`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-
-from django.utils import timezone
 
 from kumiko_workflows.engine import wakeups
 from kumiko_workflows.engine.resume import max_resume_errors
@@ -25,244 +26,30 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
+from kumiko_workflows.operations.timeline import describe_event, timeline
+from kumiko_workflows.operations.words import (
+    describe_match,
+    humanize,
+    key_text,
+    plural,
+    step_label,
+    when,
+)
 from kumiko_workflows.store import slots
 from kumiko_workflows.workflow import event_types as et
-from kumiko_workflows.workflow import matching, suspensions
-from kumiko_workflows.workflow.arguments import is_int
+from kumiko_workflows.workflow import suspensions
 from kumiko_workflows.workflow.registry import registry
 
-#: Payload keys a timeline leaves out: bulky or shown in a column of their own.
-_TIMELINE_HIDDEN = frozenset(
-    {
-        "workflow_name",
-        "definition_fingerprint",
-        "from_fingerprint",
-        "step_fingerprints",
-        "state",
-        "step",
-        "by",
-    }
-)
-
-
-def plural(count: int, one: str, many: str | None = None) -> str:
-    """``plural(1, "run")`` -> ``"1 run"``; ``plural(2, "pass", "passes")`` -> ``"2 passes"``."""
-    return f"{count} {one if count == 1 else (many or one + 's')}"
-
-
-def when(value: datetime | None, zone: Any = None) -> str:
-    """An instant in ``zone`` (default: the current time zone), the zone named.
-
-    ``2026-01-05 10:00:00 UTC``; in a schedule's zone ``2026-01-05 11:00:00 CET``.
-    """
-    if value is None:
-        return "—"
-    local = timezone.localtime(value, zone)
-    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname() or timezone.get_current_timezone_name()}"
-
-
-def humanize(delta: timedelta) -> str:
-    """``timedelta(seconds=192)`` -> ``"3 min 12 s"`` (two units at most)."""
-    seconds = int(abs(delta.total_seconds()))
-    units = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
-    parts: list[str] = []
-    for name, size in units:
-        if seconds >= size or (name == "s" and not parts):
-            parts.append(f"{seconds // size} {name}")
-            seconds %= size
-        if len(parts) == 2:
-            break
-    return " ".join(parts)
-
-
-def step_label(workflow_name: str, step: str, version: int | None = None) -> str:
-    """``"2.else.0"`` -> ``"step 2.else.0 (retry)"`` when the workflow (at ``version``) is declared.
-
-    ``version`` None: the highest declared version.
-    """
-    if not step:
-        return ""
-    workflow = registry.get(workflow_name, version)
-    return workflow.label(step) if workflow is not None else f"step {step}"
-
-
-def short_json(value: Any, limit: int = 120) -> str:
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def pretty_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, indent=2, default=str)
-
-
-def describe_match(expression: Any) -> str:
-    """A stored match expression in plain words (or as JSON if it is unreadable)."""
-    try:
-        return matching.describe(expression)
-    except (KeyError, TypeError, AttributeError):
-        return f"(unreadable match expression {short_json(expression)})"
-
-
-def short_payload(payload: dict[str, Any], limit: int = 120, *, type: str = "") -> str:
-    """``key=value`` pairs of a run event's payload, leaving out the bulky ones."""
-    parts = []
-    for key, value in sorted(payload.items()):
-        if key in _TIMELINE_HIDDEN or value in (None, "", {}, []):
-            continue
-        if key == "trigger_event_id" and type != et.RUN_STARTED:
-            continue  # the same on every event of the run
-        if key == "match":
-            shown = describe_match(value)
-        else:
-            shown = value if isinstance(value, str) else short_json(value, 60)
-        parts.append(f"{key}={shown}")
-    text = " ".join(parts)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _instant(value: Any) -> str:
-    try:
-        return when(datetime.fromisoformat(value)) if value else "—"
-    except (TypeError, ValueError):
-        return str(value)
-
-
-class _Words:
-    """How the timeline puts a payload's instants and matches (:class:`suspensions.Words`)."""
-
-    def instant(self, value: Any) -> str:
-        return _instant(value)
-
-    def match(self, expression: Any) -> str:
-        return describe_match(expression)
-
-
-_WORDS = _Words()
-
-
-def describe_event(type: str, payload: dict[str, Any]) -> str:
-    """One run event in words: what the timeline shows before its details are opened.
-
-    Attempts are counted as the error text counts them: a retry that
-    schedules attempt 2 says attempt 1 failed, the resume that follows runs
-    attempt 2.
-    """
-    get = payload.get
-    if type == et.RUN_STARTED:
-        text = f"key {get('idempotency_key')}"
-        if get("search_key"):
-            text += f", search key {get('search_key')}"
-        if get("priority"):
-            text += f", priority {get('priority')}"
-        return text + f"; trigger event #{get('trigger_event_id')}"
-    record = suspensions.for_event(type)
-    if record is not None:
-        if record.summary is None:
-            return short_payload(payload, type=type)
-        return record.summary(payload, _WORDS)
-    if type == et.RESUMED:
-        kind = get("suspension_type")
-        if kind == "retry":
-            return f"runs attempt {(get('retry_attempt') or 0) + 1}"
-        if kind == "event":
-            if get("awaited_event_id"):
-                return f"with the awaited event #{get('awaited_event_id')}"
-            return "without the awaited event (the deadline passed, or it was woken)"
-        return f"after the {kind or 'wait'}"
-    if type == et.RUN_COMPLETED:
-        return "every step ran"
-    if type == et.RUN_FAILED:
-        return f"{get('reason')}: {get('error') or '—'}"
-    if type == et.RUN_CANCELLED:
-        return f"reason: {get('reason') or '—'}"
-    if type == et.WAKE_REQUESTED:
-        if get("awaited_event_id"):
-            return f"the awaited event #{get('awaited_event_id')} arrived"
-        return "woken by hand: due now"
-    if type == et.SLOT_TAKEN:
-        how = "from start to end" if get("holds") == "active" else "for this segment"
-        given = ", offered" if get("offered") else ""
-        return f"takes slot {get('slot')}{_key_text(get('limit_key') or '')} {how}{given}"
-    if type == et.SLOT_RELEASED:
-        return f"frees slot {get('slot')}{_key_text(get('limit_key') or '')}"
-    if type == et.SLOT_OFFERED:
-        return f"a slot{_key_text(get('limit_key') or '')} freed: due now"
-    if type == et.RATE_TAKEN:
-        return f"starts at {_instant(get('at'))} (rate slot {get('slot')})"
-    return short_payload(payload, type=type)
-
-
-def referenced_events(type: str, payload: dict[str, Any]) -> list[tuple[str, int]]:
-    """(what, event id) of the events a run event refers to: its trigger, awaited ones."""
-    refs: list[tuple[str, int]] = []
-    if type == et.RUN_STARTED and _is_id(payload.get("trigger_event_id")):
-        refs.append(("trigger event", payload["trigger_event_id"]))
-    if _is_id(payload.get("awaited_event_id")):
-        refs.append(("awaited event", payload["awaited_event_id"]))
-    state = payload.get("state")
-    awaited = state.get("awaited") if isinstance(state, dict) else None
-    if isinstance(awaited, dict):
-        refs.extend(
-            (f"awaited event ({key})", event_id)
-            for key, event_id in sorted(awaited.items())
-            if _is_id(event_id)
-        )
-    return refs
-
-
-def _is_id(value: Any) -> bool:
-    return is_int(value)
-
-
-@dataclass
-class TimelineEntry:
-    event_id: int
-    version: int
-    created_at: datetime
-    type: str
-    step: str
-    summary: str
-    by: str
-    #: The whole payload, as pretty JSON: what the summary leaves out.
-    details: str = ""
-    #: (what, event id) of the events this one refers to.
-    refs: list[tuple[str, int]] = field(default_factory=list)
-
-
-def timeline(run: WorkflowRun) -> list[TimelineEntry]:
-    """The run's events, oldest first, each with its step, in words and in full."""
-    entries = []
-    stream = Event.objects.filter(tenant_id=run.tenant_id, aggregate_id=run.run_id)
-    version = run.workflow_version
-    for event in stream.order_by("version"):
-        payload = event.payload or {}
-        if event.type in (et.RUN_STARTED, et.RUN_MIGRATED):
-            version = payload.get("workflow_version", version)  # the steps' version from here
-        step = payload.get("step") or ""
-        entries.append(
-            TimelineEntry(
-                event_id=event.id,
-                version=event.version,
-                created_at=event.created_at,
-                type=event.type,
-                step=step_label(run.workflow_name, step, version) if step else "",
-                summary=describe_event(event.type, payload),
-                by=payload.get("by") or "",
-                details=pretty_json(payload),
-                refs=referenced_events(event.type, payload),
-            )
-        )
-    return entries
-
-
-def awaited_events(entries: list[TimelineEntry]) -> list[tuple[str, int]]:
-    """The awaited events a run took, first mention first, each once."""
-    seen: dict[int, str] = {}
-    for entry in entries:
-        for what, event_id in entry.refs:
-            if what != "trigger event":
-                seen.setdefault(event_id, what)
-    return [(what, event_id) for event_id, what in seen.items()]
+__all__ = [
+    "Explanation",
+    "attempt_text",
+    "describe_event",
+    "explain",
+    "pending_row",
+    "queue_reason",
+    "rate_reason",
+    "timeline",
+]
 
 
 @dataclass
@@ -391,7 +178,7 @@ def _explain_failed(run: WorkflowRun) -> Explanation:
 
 @dataclass
 class _Teller:
-    """How the suspension records' facts are told here (:class:`suspensions.Teller`)."""
+    """How the suspension records' facts are told here (:class:`suspension_record.Teller`)."""
 
     run: WorkflowRun
 
@@ -430,24 +217,20 @@ def _moved(run: WorkflowRun) -> bool:
 # --- flow control (concurrency and rate limits) ---------------------------------
 
 
-def _key_text(key: str) -> str:
-    return f" of key {key!r}" if key else ""
-
-
 def queue_reason(tenant_id: str, workflow_name: str, key: str) -> str:
     """Why runs of ``key`` queue: the slots taken, as the limit counts them."""
     workflow = registry.get(workflow_name)
     limit = workflow.concurrency if workflow is not None else None
     if limit is None:
-        return f"queued for a slot{_key_text(key)} (the workflow declares no limit now)"
+        return f"queued for a slot{key_text(key)} (the workflow declares no limit now)"
     if limit.holds == "executing":
         return (
-            f"queued behind {limit.max} running segment(s){_key_text(key)} "
+            f"queued behind {limit.max} running segment(s){key_text(key)} "
             f"(concurrency limit {limit.max}, held while a segment runs)"
         )
     held = slots.limit_holders(tenant_id, workflow_name, key)
     return (
-        f"queued behind {held} active run(s){_key_text(key)} "
+        f"queued behind {held} active run(s){key_text(key)} "
         f"(concurrency limit {limit.max}, held from start to end)"
     )
 

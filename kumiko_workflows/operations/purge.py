@@ -21,7 +21,9 @@ With an archive, every event a batch deletes is first written to one file
 as gzip-compressed JSON lines, one gzip member per batch, flushed to disk
 before the batch commits: ``zcat PATH | jq`` reads it
 (:mod:`kumiko_workflows.operations.archive`). The cut-off is
-:mod:`kumiko_workflows.operations.cutoff`'s.
+:mod:`kumiko_workflows.operations.cutoff`'s; one batch's work is
+:mod:`kumiko_workflows.operations.purge_batch`, the report
+:mod:`kumiko_workflows.operations.purge_report`.
 """
 
 from __future__ import annotations
@@ -29,81 +31,37 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.utils import timezone
-
-from kumiko_workflows.engine import children
 from kumiko_workflows.engine.purged_runs import keeps_key
 from kumiko_workflows.exceptions import InvalidArgument
 from kumiko_workflows.models import (
     SETTLED_STATUSES,
     Event,
     PurgedRun,
-    TaskAttempt,
     WakeCheck,
-    WorkflowChildGroup,
     WorkflowRun,
     WorkflowRunPending,
     WorkflowWaitKey,
 )
-from kumiko_workflows.operations.archive import ARCHIVE_FIELDS, Archive, _json_line
+from kumiko_workflows.operations.archive import Archive
 from kumiko_workflows.operations.cutoff import parse_cutoff
+from kumiko_workflows.operations.purge_batch import chunks, purge_batch
+from kumiko_workflows.operations.purge_report import PurgeReport
 from kumiko_workflows.store import db, statements
 from kumiko_workflows.store.event_checks import name_problem
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.arguments import is_int
 
+__all__ = ["DEFAULT_BATCH", "MAX_BATCH", "PurgeReport", "purge_runs"]
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
-
-# --- the purge --------------------------------------------------------------------
-
-
-@dataclass
-class PurgeReport:
-    """What a purge removed (or, dry, would remove), per table."""
-
-    cutoff: datetime
-    dry_run: bool = False
-    #: Runs matching the filters when the purge began (the progress total).
-    total: int = 0
-    runs: int = 0
-    events: int = 0
-    pending: int = 0
-    wait_keys: int = 0
-    wake_checks: int = 0
-    tombstones: int = 0
-    batches: int = 0
-    #: Runs left for a later purge: a worker held a leftover pending row of
-    #: theirs, or a run not finished was started by one of their events.
-    passed_over: int = 0
-    #: Runs asked for by id that were not purged, with why.
-    refused: list[tuple[str, str]] = field(default_factory=list)
-    #: Runs asked for by id that an earlier purge removed.
-    already_purged: list[str] = field(default_factory=list)
-    #: With run ids asked for: the runs purged, and why others were passed over.
-    purged_ids: set[str] = field(default_factory=set, repr=False)
-    passed: dict[str, str] = field(default_factory=dict, repr=False)
-
-    def counts(self) -> dict[str, int]:
-        return {
-            "runs": self.runs,
-            "events": self.events,
-            "pending": self.pending,
-            "wait_keys": self.wait_keys,
-            "wake_checks": self.wake_checks,
-            "tombstones": self.tombstones,
-            "passed_over": self.passed_over,
-        }
-
-    def __str__(self) -> str:
-        return " ".join(f"{name}={value}" for name, value in self.counts().items())
 
 
 @dataclass
@@ -133,13 +91,6 @@ def _runs(filters: _Filters, tenant_id: str | None = None) -> Any:
     if filters.run_ids is not None:
         runs = runs.filter(run_id__in=filters.run_ids)
     return runs
-
-
-def _chunks(values: Sequence[Any], extra: int = 10) -> Iterator[Sequence[Any]]:
-    """``values`` in pieces that fit one statement's parameters (SQLite: 999)."""
-    size = max(1, (db.engine().features.max_query_params or 65_535) - extra)
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
 
 
 def _check_name(value: Any, what: str, column: str) -> None:
@@ -235,11 +186,11 @@ def _explain_asked(filters: _Filters, report: PurgeReport) -> None:
     """Say why each run asked for by id will not be purged (if it will not)."""
     assert filters.run_ids is not None
     found: dict[uuid.UUID, WorkflowRun] = {}
-    for chunk in _chunks(filters.run_ids):
+    for chunk in chunks(filters.run_ids):
         found.update(WorkflowRun.objects.in_bulk(list(chunk)))
     missing = [run_id for run_id in filters.run_ids if run_id not in found]
     purged: set[uuid.UUID] = set()
-    for chunk in _chunks(missing):
+    for chunk in chunks(missing):
         tombstones = PurgedRun.objects.filter(run_id__in=chunk)
         if filters.tenant_id is not None:
             tombstones = tombstones.filter(tenant_id=filters.tenant_id)
@@ -333,7 +284,7 @@ def _purge_tenant(
             }
             if not taken:
                 return
-            purged, kept = _purge_batch(tenant, taken, writer, report)
+            purged, kept = purge_batch(tenant, taken, writer, report)
         passed_over.update(kept)
         if filters.run_ids is not None:
             report.purged_ids.update(str(run_id) for run_id in purged)
@@ -341,161 +292,3 @@ def _purge_tenant(
         report.batches += 1
         if progress is not None:
             progress(report)
-
-
-def _purge_batch(
-    tenant: str,
-    taken: dict[uuid.UUID, tuple[str, int | None]],
-    writer: Archive | None,
-    report: PurgeReport,
-) -> tuple[list[uuid.UUID], dict[uuid.UUID, str]]:
-    """Remove the runs ``taken`` (locked, finished; with their workflow and version).
-
-    Returns the runs removed, and those passed over instead with why.
-    """
-    kept = {**_busy(tenant, list(taken)), **_still_triggering(tenant, list(taken))}
-    kept.update(_parent_kept(tenant, [run_id for run_id in taken if run_id not in kept]))
-    ids = [run_id for run_id in taken if run_id not in kept]
-    report.passed_over += len(kept)
-    if not ids:
-        return ids, kept
-    for chunk in _chunks(ids):
-        where = {"tenant_id": tenant, "run_id__in": chunk}
-        report.wait_keys += WorkflowWaitKey.objects.filter(**where).delete()[0]
-        report.pending += WorkflowRunPending.objects.filter(**where).delete()[0]
-        report.wake_checks += WakeCheck.objects.filter(**where).delete()[0]
-    report.events += _delete_events(tenant, ids, writer)
-    report.events += _purge_children_requests(tenant, ids, writer)
-    moment = timezone.now()
-    tombstones = [
-        PurgedRun(tenant_id=tenant, run_id=run_id, workflow_name=taken[run_id][0], purged_at=moment)
-        for run_id in ids
-        if keeps_key(*taken[run_id])
-    ]
-    PurgedRun.objects.bulk_create(tombstones, ignore_conflicts=True, batch_size=500)
-    report.tombstones += len(tombstones)
-    for chunk in _chunks(ids):
-        # A task's attempts (kumiko_workflows.tasks) go with its run; not counted apart.
-        TaskAttempt.objects.filter(tenant_id=tenant, run_id__in=chunk).delete()
-        report.runs += WorkflowRun.objects.filter(tenant_id=tenant, run_id__in=chunk).delete()[0]
-    return ids, kept
-
-
-def _parent_kept(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-    """Child runs whose parent stays: they go with it (the parent's fan-in counted them)."""
-    children = dict(
-        WorkflowRun.objects.filter(
-            tenant_id=tenant, run_id__in=ids, parent_run_id__isnull=False
-        ).values_list("run_id", "parent_run_id")
-    )
-    going = set(ids)
-    parents = {parent for parent in children.values() if parent is not None and parent not in going}
-    staying = set(
-        WorkflowRun.objects.filter(tenant_id=tenant, run_id__in=parents).values_list(
-            "run_id", flat=True
-        )
-    )
-    return {
-        child: f"its parent run {parent} is kept"
-        for child, parent in children.items()
-        if parent in staying
-    }
-
-
-def _purge_children_requests(tenant: str, ids: list[uuid.UUID], writer: Archive | None) -> int:
-    """The requests of purged runs' children (their triggers) and their fan-in rows."""
-    removed = 0
-    for chunk in _chunks(ids):
-        groups = WorkflowChildGroup.objects.filter(tenant_id=tenant, parent_run_id__in=chunk)
-        requests = [
-            children.call_id(tenant, children.child_key(group.parent_run_id, group.group, index))
-            for group in groups
-            for index in range(group.total)
-        ]
-        for batch in _chunks(requests):
-            removed += _delete_events(tenant, list(batch), writer, et.CALL_AGGREGATE_TYPE)
-        groups.delete()
-    return removed
-
-
-def _busy(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-    """Runs of ``ids`` with a leftover pending row another transaction holds (a worker).
-
-    Those rows are locked here (skipping held ones), so the delete below
-    never waits for a worker that may be waiting for this batch's rows.
-    """
-    busy: dict[uuid.UUID, str] = {}
-    for chunk in _chunks(ids):
-        rows = WorkflowRunPending.objects.filter(tenant_id=tenant, run_id__in=chunk)
-        found = dict(rows.values_list("pk", "run_id"))
-        if not found or not db.overlapping_writers():
-            continue
-        locked = set(rows.select_for_update(skip_locked=True).values_list("pk", flat=True))
-        for pk, run_id in found.items():
-            if pk not in locked:
-                busy[run_id] = "a worker is resuming a pending row left with it; try again"
-    return busy
-
-
-def _still_triggering(tenant: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-    """Runs of ``ids`` one of whose events started a run that is not finished yet.
-
-    A workflow triggered by a run event (say ``workflow.run-completed``)
-    loads that event as ``ctx.event`` on every resume: purging it would fail
-    the run with ``trigger_event_unavailable``. Asked of the status rows,
-    not of the code: a run of an older version (whose trigger the newest
-    may have dropped), or of a version no longer declared (rerun once it is
-    declared again), keeps its trigger as any other.
-    """
-    kept: dict[uuid.UUID, str] = {}
-    for chunk in _chunks(ids):
-        events = dict(
-            Event.objects.filter(
-                tenant_id=tenant, aggregate_type=et.RUN_AGGREGATE_TYPE, aggregate_id__in=chunk
-            ).values_list("id", "aggregate_id")
-        )
-        for part in _chunks(list(events)):
-            used = (
-                WorkflowRun.objects.filter(tenant_id=tenant, trigger_event_id__in=part)
-                .exclude(status__in=SETTLED_STATUSES)
-                .values_list("run_id", "trigger_event_id")
-            )
-            for user, event_id in used:
-                if event_id is not None:
-                    kept[events[event_id]] = f"run {user}, not finished, was started by its event"
-    return kept
-
-
-def _delete_events(
-    tenant: str,
-    ids: list[uuid.UUID],
-    writer: Archive | None,
-    aggregate_type: str = et.RUN_AGGREGATE_TYPE,
-) -> int:
-    """Delete the run streams of ``ids`` (archived first); return how many events went.
-
-    Past the model's refusal, through :func:`kumiko_workflows.store.statements.delete_run_streams`:
-    the engine's run streams of one tenant, nothing else.
-    """
-    deleted = 0
-    lines: list[bytes] = []
-    for chunk in _chunks(ids):
-        if writer is not None:
-            rows = (
-                Event.objects.filter(
-                    tenant_id=tenant, aggregate_type=aggregate_type, aggregate_id__in=chunk
-                )
-                .order_by("id")
-                .values_list(*ARCHIVE_FIELDS)
-            )
-            lines.extend(_json_line(row) for row in rows)
-        deleted += statements.delete_run_streams(tenant, list(chunk), aggregate_type)
-    if writer is not None:
-        if deleted != len(lines):
-            # An event committed between the read and the delete would be
-            # gone without a copy: take the batch back instead.
-            raise RuntimeError(
-                f"the batch deleted {deleted} events but archived {len(lines)}; rolled back"
-            )
-        writer.write(lines)
-    return deleted

@@ -25,12 +25,12 @@ from kumiko_workflows.models import (
     WorkflowRun,
     WorkflowRunPending,
 )
-from kumiko_workflows.operations.explain import humanize, step_label
 from kumiko_workflows.operations.limits import queued_by_key, rate_waiting
 from kumiko_workflows.operations.version_table import (
     stale_workers,
     version_table,
 )
+from kumiko_workflows.operations.words import humanize, step_label
 from kumiko_workflows.store import claims, db, outbox
 
 

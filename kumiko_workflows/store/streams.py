@@ -19,7 +19,8 @@ from typing import Any
 from kumiko_workflows import telemetry
 from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
-from kumiko_workflows.store.events import append_engine_pair, append_event
+from kumiko_workflows.store.event_pairs import append_engine_pair
+from kumiko_workflows.store.events import append_event
 from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.workflow import event_types, priorities
 

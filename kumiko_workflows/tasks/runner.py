@@ -34,7 +34,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from kumiko_workflows.conf import workflow_settings
-from kumiko_workflows.engine.segment import RunContext
+from kumiko_workflows.engine.run_context import RunContext
 from kumiko_workflows.models import Event, RunStatus, TaskAttempt, WorkflowRun
 from kumiko_workflows.store import streams
 from kumiko_workflows.tasks import compat

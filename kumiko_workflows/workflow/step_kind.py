@@ -66,7 +66,7 @@ class Suspend(Exception):
 class Execution(Protocol):
     """What the engine offers a step while it runs.
 
-    The engine's side is :class:`kumiko_workflows.engine.segment.Executor`.
+    The engine's side is :class:`kumiko_workflows.engine.executor.Executor`.
 
     Every method that reports a problem returns the exception to raise, so a
     step kind needs nothing from the engine's modules but this.
@@ -169,7 +169,7 @@ class Step:
     (:meth:`arms`), fingerprinting (:meth:`describe`). Running
     (:meth:`run`), through the :class:`Execution` the engine passes in. A
     step that suspends raises :class:`Suspend` with the run event of one of
-    the suspension records in :mod:`kumiko_workflows.suspensions`, and
+    the suspension records in :mod:`kumiko_workflows.workflow.suspensions`, and
     ``resumes_from`` names those records' suspension types, so a resume
     knows the step a pending row may continue. A new step kind is a new
     subclass; nothing else in the engine names the kinds.

@@ -246,14 +246,14 @@ def test_events_stay_append_only_for_everyone_else(world):
 
 
 def test_only_the_purge_deletes_events():
-    """The one statement that deletes events is called from the purge alone."""
+    """The one statement that deletes events is called from the purge (its batches) alone."""
     package = Path(__file__).resolve().parent.parent.parent / "kumiko_workflows"
     callers = sorted(
         str(path.relative_to(package))
         for path in package.rglob("*.py")
         if "delete_run_streams(" in path.read_text()
     )
-    assert callers == ["operations/purge.py", "store/statements.py"]
+    assert callers == ["operations/purge_batch.py", "store/statements.py"]
     assert "def delete_run_streams(" in (package / "store" / "statements.py").read_text()
 
 

@@ -28,6 +28,7 @@ from kumiko_workflows import (
     run_id_for,
     steps,
     telemetry,
+    telemetry_instruments,
 )
 from kumiko_workflows import event_types as et
 from kumiko_workflows.engine.cron import fire_due_schedules
@@ -275,7 +276,7 @@ def test_metric_values_after_a_known_sequence_of_runs(otel):
     # Resume lag: due (the wait's end, an hour after the trigger) to resumed.
     (lag,) = otel.metrics()["kumiko.resume.lag"].values()
     assert lag.count == 3
-    assert tuple(lag.explicit_bounds) == telemetry._LAG_BUCKETS  # the buckets it advises
+    assert tuple(lag.explicit_bounds) == telemetry_instruments.LAG_BUCKETS  # the buckets it advises
     # Each wait's end as its run recorded it (a step's clock reads after the
     # trigger's insert, so the trigger's created_at is not the wait's start).
     ends = [

@@ -29,6 +29,7 @@ LAYERS = [
     ("kumiko_workflows.routers", 1),
     ("kumiko_workflows.store", 1),
     ("kumiko_workflows.telemetry", 1),
+    ("kumiko_workflows.telemetry_instruments", 1),  # the attribute keys and instruments
     ("kumiko_workflows.projections", 2),
     ("kumiko_workflows.engine", 3),
     ("kumiko_workflows.operations", 4),

@@ -26,7 +26,6 @@ from django.db import DatabaseError, InterfaceError
 
 from kumiko_workflows.management.arguments import positive_int, seconds_or_off
 from kumiko_workflows.models import RunStatus
-from kumiko_workflows.operations.explain import humanize
 from kumiko_workflows.operations.status import (
     health,
     status_report,
@@ -36,6 +35,7 @@ from kumiko_workflows.operations.version_table import (
     stale_workers,
     version_lines,
 )
+from kumiko_workflows.operations.words import humanize
 from kumiko_workflows.workflow import clock
 
 
