@@ -279,11 +279,14 @@ def linked_lists(now: Any) -> dict[str, str]:
 
 
 def plans(now: Any) -> list[str]:
-    """The plans of the 30-day counts, one line each (which index serves them)."""
+    """The plans of the 30-day counts and of the run list's first page, one line each (which
+    index serves them)."""
     since = now - timedelta(days=30)
     found = []
     for column in ("started_at", "finished_at"):
         query = WorkflowRun.objects.filter(**{f"{column}__gte": since, f"{column}__lte": now})
         plan = query.values_list("workflow_name").order_by().explain()
         found.append(" | ".join(line.strip() for line in plan.splitlines()))
+    first_page = WorkflowRun.objects.order_by("-updated_at", "-run_id")[:100]
+    found.append(" | ".join(line.strip() for line in first_page.explain().splitlines()))
     return found

@@ -25,6 +25,7 @@ from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import cached_property
 
+from kumiko_workflows.admin.base import admin_tenant
 from kumiko_workflows.store.choices import distinct_values
 
 #: The most rows a list counts; a list of more says "more than" this many.
@@ -60,12 +61,6 @@ class CappedPaginator(Paginator):  # type: ignore[type-arg]  # of any rows
         return self._counted > self.cap
 
 
-def tenant_of(request: HttpRequest) -> str | None:
-    from kumiko_workflows.admin.base import admin_tenant
-
-    return admin_tenant(request)
-
-
 class IndexedValuesFilter(AllValuesFieldListFilter):
     """Django's filter by a column's values, the values read from an index (loose index scan).
 
@@ -98,7 +93,7 @@ class IndexedValuesFilter(AllValuesFieldListFilter):
         values = distinct_values(
             self.source or model,
             self.columns,
-            tenant_of(request),
+            admin_tenant(request),
             nullable=self.nullable,
             newest=self.newest,
         )

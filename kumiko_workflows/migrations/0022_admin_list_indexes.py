@@ -1,11 +1,12 @@
 """The admin's run list on a large table: its order, and its filters' choices by workflow and version.
 
-``kw_run_updated`` (``updated_at, tenant_id, workflow_name, status``) gives
-the run list its order (newest update first) from an index, the filters by
-workflow and status checked in it; ``kw_run_workflow_version`` (``tenant_id,
-workflow_name, workflow_version``) replaces ``kw_run_tenant_workflow``,
-whose every look-up it serves, and gives the filters by workflow and by
-version their choices by a loose index scan.
+``kw_run_updated`` (``updated_at, tenant_id, workflow_name, status,
+failure_reason``) gives the run list its order (newest update first) from
+an index, the filters by workflow, status and failure reason checked in it;
+``kw_run_workflow_version`` (``tenant_id, workflow_name, workflow_version,
+status``) replaces ``kw_run_tenant_workflow``, whose every look-up it
+serves, gives the filters by workflow and by version their choices by a
+loose index scan, and finds a workflow's runs of one status.
 
 Built CONCURRENTLY on PostgreSQL (so outside a transaction), as the run
 table may be large: runs go on starting and finishing while they build.
@@ -14,9 +15,9 @@ table may be large: runs go on starting and finishing while they build.
 from django.db import migrations, models
 
 ADDED = (
-    models.Index(fields=["updated_at", "tenant_id", "workflow_name", "status"], name="kw_run_updated"),
+    models.Index(fields=["updated_at", "tenant_id", "workflow_name", "status", "failure_reason"], name="kw_run_updated"),
     models.Index(
-        fields=["tenant_id", "workflow_name", "workflow_version"], name="kw_run_workflow_version"
+        fields=["tenant_id", "workflow_name", "workflow_version", "status"], name="kw_run_workflow_version"
     ),
 )
 REPLACED = models.Index(fields=["tenant_id", "workflow_name"], name="kw_run_tenant_workflow")

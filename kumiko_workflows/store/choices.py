@@ -3,7 +3,7 @@
 Django's list filters read ``SELECT DISTINCT column`` over the whole table,
 which on a store of a million runs or ten million events is a scan of all
 of it on every page. Here the values are read from an index that leads
-with the tenant and then the column (``kw_run_tenant_workflow``,
+with the tenant and then the column (``kw_run_workflow_version``,
 ``kw_event_tenant_type_id``, ...): a recursive ``WITH`` query steps from
 one value to the next, one ordered ``LIMIT 1`` probe of the index each
 (not ``MIN``, which PostgreSQL plans as an aggregate over the rows on a
