@@ -11,7 +11,8 @@ distinct value of their column. Here:
   holds them (:func:`kumiko_workflows.store.choices.distinct_values`: one
   probe per tenant and value), scoped to the user's tenant;
 - :class:`CheapListMixin` puts them together for an admin: no full count,
-  no facet counts, the capped paginator, and the cheap tenant choices.
+  no facet counts, the capped paginator, the rows' action checkboxes
+  written out rather than rendered as widgets.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.contrib.admin.filters import AllValuesFieldListFilter
 from django.core.paginator import Paginator
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext
 
 from kumiko_workflows.admin.base import admin_tenant
 from kumiko_workflows.store.choices import distinct_values
@@ -118,6 +123,20 @@ class CheapListMixin:
     paginator: ClassVar[type] = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
+
+    def action_checkbox(self, obj: Any) -> SafeString:
+        """Each row's checkbox for the actions, as Django's, written out instead of rendered.
+
+        Django renders it as a form widget through the template engine, a
+        third of the time a page of 100 runs takes to draw.
+        """
+        label = gettext("Select this object for an action - {}").format(obj)
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            helpers.ACTION_CHECKBOX_NAME,
+            str(obj.pk),
+            label,
+        )
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -153,3 +153,16 @@ def test_a_list_past_the_cap_says_more_than_and_pages_to_the_cap(client, root, s
     assert not few.context["cl"].paginator.capped
     assert "1 workflow run" in few.content.decode()
     assert "more than" not in few.content.decode()
+
+
+def test_the_rows_checkboxes_are_django_s_own_markup(client, root, spread):
+    from django.contrib import admin
+
+    from kumiko_workflows.admin.runs import WorkflowRunAdmin
+
+    run_admin = admin.site._registry[WorkflowRun]
+    assert isinstance(run_admin, WorkflowRunAdmin)
+    run = WorkflowRun.objects.first()
+    ours = run_admin.action_checkbox(run)
+    assert ours == admin.ModelAdmin.action_checkbox(run_admin, run)
+    assert ours in client.get(reverse(RUNS)).content.decode()
