@@ -139,6 +139,20 @@ class WorkflowRunAdmin(CheapListMixin, PagesMixin, RunActions, ScheduleControls,
         "attempt",
     )
 
+    def get_ordering(self, request: HttpRequest) -> Any:
+        """Newest update first; a list filtered by when runs started or finished (the
+        dashboard's links), newest start or finish first.
+
+        Then the range's own index (``kw_run_started``, ``kw_run_finished``)
+        gives the rows in order and the page stops at its last row; ordered
+        by update, the planner may read the newest updates back to the
+        range instead (it takes the two instants to be unrelated).
+        """
+        for column in ("finished_at", "started_at"):
+            if any(key.startswith(f"{column}__") for key in request.GET):
+                return (f"-{column}",)
+        return super().get_ordering(request)
+
     def get_list_display(self, request: HttpRequest) -> Any:
         shown = list(super().get_list_display(request))
         if many_tenants(request):

@@ -166,3 +166,24 @@ def test_the_rows_checkboxes_are_django_s_own_markup(client, root, spread):
     ours = run_admin.action_checkbox(run)
     assert ours == admin.ModelAdmin.action_checkbox(run_admin, run)
     assert ours in client.get(reverse(RUNS)).content.decode()
+
+
+def test_a_list_filtered_by_when_runs_started_or_finished_is_in_that_order(client, root, spread):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    since = (timezone.now() - timedelta(days=1)).isoformat()
+    started = client.get(reverse(RUNS), {"started_at__gte": since}).context["cl"]
+    finished = client.get(
+        reverse(RUNS), {"status__exact": "failed", "finished_at__gte": since}
+    ).context["cl"]
+    plain = client.get(reverse(RUNS)).context["cl"]
+    assert started.queryset.query.order_by[0] == "-started_at"
+    assert finished.queryset.query.order_by[0] == "-finished_at"
+    assert plain.queryset.query.order_by[0] == "-updated_at"
+    runs = list(started.result_list)
+    assert [run.started_at for run in runs] == sorted((r.started_at for r in runs), reverse=True)
+    # A column the user sorts by still comes first.
+    by_status = client.get(reverse(RUNS), {"started_at__gte": since, "o": "4"}).context["cl"]
+    assert by_status.queryset.query.order_by[0] == "status"
