@@ -6,10 +6,12 @@ events each (10 × N in the event table), a pending row for each waiting run
 SELECT`` over ``generate_series`` (a recursive CTE on SQLite), so building a
 million runs takes seconds, not hours. Then each page's figures are timed:
 the dashboard for a superuser (every tenant), for one tenant, for one
-workflow, the run list's failure-reason filter, and the same again after
-``VACUUM ANALYZE`` (PostgreSQL), for design rule 12: the plans may not need
-statistics. The bench prints the median and p95 of each, and the plan of
-the two big counts (which index serves them).
+workflow, the run list's failure-reason filter, whole admin pages (the
+dashboard, a workflow's page, and each list they link into:
+:func:`linked_lists`), and the same again after ``VACUUM ANALYZE``
+(PostgreSQL), for design rule 12: the plans may not need statistics.
+The bench prints the median and p95 of each, and the plan of the two big
+counts (which index serves them).
 """
 
 from __future__ import annotations
@@ -224,16 +226,67 @@ def pages(now: Any) -> dict[str, Callable[[], Any]]:
         "page_dashboard": get(f"{admin}/dashboard/"),
         "page_dashboard_workflow": get(f"{admin}/dashboard/?workflow=bench-workflow-5"),
         "page_workflow": get(f"{admin}/workflows/bench-workflow-5/"),
-        "page_run_list_failed": get(f"{admin}/?status__exact=failed"),
+        **{f"page_{name}": get(url) for name, url in linked_lists(now).items()},
+    }
+
+
+def linked_lists(now: Any) -> dict[str, str]:
+    """The lists the dashboard and a workflow's page link into, one of each kind of link.
+
+    Made by the links the pages make (:class:`~kumiko_workflows.admin.pictures.Links`):
+    a bucket of the hourly chart three hours back and of the daily chart
+    twenty days back (started, failed), a workflow's last 24 hours (started,
+    failed), a failure reason over 30 days, a workflow's runs (all, waiting,
+    failed: its page's links), the due pending rows; beside them the run
+    list, the pending rows and the event log as a menu opens them.
+    """
+    from kumiko_workflows.admin.pictures import Links
+    from kumiko_workflows.operations.dashboard import day_starts, hour_starts
+
+    links = Links("admin")
+    hour, day = hour_starts(now)[-4], day_starts(now)[-21]
+    hour_end, day_end = hour + timedelta(hours=1), day_starts(now)[-20]
+    since_24h, since_30d = hour_starts(now)[0].isoformat(), day_starts(now)[0].isoformat()
+    flow = "bench-workflow-5"
+    return {
+        "runs": links.runs(),
+        "runs_started_hour": links.runs(
+            started_at__gte=hour.isoformat(), started_at__lt=hour_end.isoformat()
+        ),
+        "runs_started_day": links.runs(
+            started_at__gte=day.isoformat(), started_at__lt=day_end.isoformat()
+        ),
+        "runs_failed_day": links.runs(
+            status__exact="failed",
+            finished_at__gte=day.isoformat(),
+            finished_at__lt=day_end.isoformat(),
+        ),
+        "runs_workflow_24h": links.runs(workflow_name__exact=flow, started_at__gte=since_24h),
+        "runs_workflow_failed_24h": links.runs(
+            workflow_name__exact=flow, status__exact="failed", finished_at__gte=since_24h
+        ),
+        "runs_reason_30d": links.runs(
+            status__exact="failed", failure_reason="step_failed", finished_at__gte=since_30d
+        ),
+        "runs_workflow": links.runs(workflow_name__exact=flow),
+        "runs_workflow_waiting": links.runs(workflow_name__exact=flow, status__exact="waiting"),
+        "runs_workflow_failed": links.runs(workflow_name__exact=flow, status__exact="failed"),
+        "runs_failed": links.runs(status__exact="failed"),
+        "pending_due": links.pending(wake_at__lte=now.isoformat()),
+        "pending": links.pending(),
+        "events": "/admin/kumiko_workflows/event/",
     }
 
 
 def plans(now: Any) -> list[str]:
-    """The plans of the 30-day counts, one line each (which index serves them)."""
+    """The plans of the 30-day counts and of the run list's first page, one line each (which
+    index serves them)."""
     since = now - timedelta(days=30)
     found = []
     for column in ("started_at", "finished_at"):
         query = WorkflowRun.objects.filter(**{f"{column}__gte": since, f"{column}__lte": now})
         plan = query.values_list("workflow_name").order_by().explain()
         found.append(" | ".join(line.strip() for line in plan.splitlines()))
+    first_page = WorkflowRun.objects.order_by("-updated_at", "-run_id")[:100]
+    found.append(" | ".join(line.strip() for line in first_page.explain().splitlines()))
     return found

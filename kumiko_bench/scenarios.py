@@ -243,8 +243,10 @@ class Bench:
         worker_command: list[str],
         worker_env: dict[str, str],
         slow_seconds: float = SLOW_SECONDS,
+        dashboard_data: str | None = None,
     ) -> None:
         self.n = n
+        self.dashboard_data = dashboard_data
         self.slow_seconds = slow_seconds
         self.rounds = max(1, rounds)
         self.out = out
@@ -1380,15 +1382,7 @@ class Bench:
         from kumiko_bench import dashboard as board
 
         runs = self.size("dashboard")
-        self.fresh_database()
-        now = timezone.now()
-        started = time.perf_counter()
-        board.seed(runs, now)
-        seeded = time.perf_counter() - started
-        self.out(
-            f"DASHBOARD seeded runs={runs} events={runs * board.EVENTS_PER_RUN} "
-            f"seconds={seeded:.1f}"
-        )
+        now, seeded = self._dashboard_data(runs)
         extra: dict[str, Any] = {"seed_seconds": round(seeded, 1), "runs": runs}
         medians: dict[str, float] = {}
         for phase in ("unanalysed", "analysed"):
@@ -1419,6 +1413,41 @@ class Bench:
                 note=f"slowest page {worst}: {medians[worst]:.1f} ms (median)",
             )
         )
+
+    def _dashboard_data(self, runs: int) -> tuple[Any, float]:
+        """The dashboard scenario's data in a fresh scratch database: (its "now", seconds to seed).
+
+        With ``--dashboard-data NAME`` (PostgreSQL), a copy of database NAME
+        if it holds data seeded for as many runs, never analysed (0 seconds);
+        else seeded, and a copy kept as NAME, before any ``ANALYZE``, for the
+        next run.
+        """
+        from datetime import datetime
+
+        from kumiko_bench import dashboard as board
+
+        assert self.scratch is not None, "scenarios run inside Bench.run"
+        citus = bool(self.scratch.citus_workers)
+        kept = self.dashboard_data if self.vendor == "postgresql" and not citus else None
+        marker = f"kumiko_bench dashboard runs={runs} now="
+        comment = self.scratch.comment_of(kept) if kept else None
+        if kept and comment and comment.startswith(marker):
+            self.scratch.renew_from(kept)
+            self.out(f"DASHBOARD copied runs={runs} from={kept} ({comment})")
+            return datetime.fromisoformat(comment.removeprefix(marker)), 0.0
+        self.fresh_database()
+        now = timezone.now()
+        started = time.perf_counter()
+        board.seed(runs, now)
+        seeded = time.perf_counter() - started
+        self.out(
+            f"DASHBOARD seeded runs={runs} events={runs * board.EVENTS_PER_RUN} "
+            f"seconds={seeded:.1f}"
+        )
+        if kept:
+            self.scratch.save_as(kept, f"{marker}{now.isoformat()}")
+            self.out(f"DASHBOARD kept a copy as {kept} (drop it when done)")
+        return now, seeded
 
     def scenario_unanalysed(self) -> None:
         """An awaited ``append_event`` on tables never analysed, beside the same after ``ANALYZE``.

@@ -86,6 +86,39 @@ class ScratchDatabase:
         if self.citus_workers:
             call_command("distribute_workflow_tables", verbosity=0)
 
+    def renew_from(self, template: str) -> None:
+        """PostgreSQL: drop the scratch database, create it as a copy of database ``template``
+        (its files copied, no statistics gathered), migrate it, use it."""
+        self.drop()
+        quoted = connection.ops.quote_name
+        self._server(f"CREATE DATABASE {quoted(self.name)} TEMPLATE {quoted(template)}")
+        self.exists = True
+        use_database(self.name)
+        call_command("migrate", verbosity=0, interactive=False, run_syncdb=True)
+
+    def save_as(self, template: str, comment: str) -> None:
+        """PostgreSQL: keep a copy of the scratch database as database ``template`` (replacing
+        one of that name), with ``comment`` on it; the scratch database stays in use."""
+        quoted = connection.ops.quote_name
+        use_database(self.configured)
+        self._server(f"DROP DATABASE IF EXISTS {quoted(template)} WITH (FORCE)")
+        self._server(f"CREATE DATABASE {quoted(template)} TEMPLATE {quoted(self.name)}")
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(f"COMMENT ON DATABASE {quoted(template)} IS %s", [comment])
+        use_database(self.name)
+
+    @staticmethod
+    def comment_of(name: str) -> str | None:
+        """The comment on database ``name``, or None if there is no such database."""
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(
+                "SELECT coalesce(shobj_description(oid, 'pg_database'), '') "
+                "FROM pg_database WHERE datname = %s",
+                [name],
+            )
+            row = cursor.fetchone()
+        return None if row is None else str(row[0])
+
     def drop(self) -> None:
         """Point this process back at the configured database and drop the scratch one."""
         if not self.exists:

@@ -13,8 +13,9 @@ One module per screen: :mod:`~kumiko_workflows.admin.events`,
 :mod:`~kumiko_workflows.admin.actions` and the cron
 :mod:`~kumiko_workflows.admin.schedules` above its list) and
 :mod:`~kumiko_workflows.admin.pending`, on a read-only, tenant-scoped base
-(:mod:`~kumiko_workflows.admin.base`) and shared display helpers
-(:mod:`~kumiko_workflows.admin.display`). Importing this package registers
+(:mod:`~kumiko_workflows.admin.base`), shared display helpers
+(:mod:`~kumiko_workflows.admin.display`) and what keeps the big lists
+cheap (:mod:`~kumiko_workflows.admin.lists`). Importing this package registers
 the three admins, as ``django.contrib.admin``'s autodiscovery expects.
 """
 

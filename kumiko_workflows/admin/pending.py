@@ -7,9 +7,11 @@ from django.db.models import F
 
 from kumiko_workflows.admin.base import WorkflowAdmin
 from kumiko_workflows.admin.display import list_time, pre_json, zoned_title
+from kumiko_workflows.admin.lists import CheapListMixin, indexed
 from kumiko_workflows.admin.pictures import step_cell
 from kumiko_workflows.models import (
     SuspensionType,
+    WorkflowRun,
     WorkflowRunPending,
 )
 from kumiko_workflows.operations.words import describe_match, humanize, when
@@ -17,7 +19,7 @@ from kumiko_workflows.workflow import clock
 
 
 @admin.register(WorkflowRunPending)
-class WorkflowRunPendingAdmin(WorkflowAdmin):
+class WorkflowRunPendingAdmin(CheapListMixin, WorkflowAdmin):
     list_display = (
         "run",
         "workflow",
@@ -31,7 +33,20 @@ class WorkflowRunPendingAdmin(WorkflowAdmin):
     )
     # The first column links to the run; the step, to this row's own page.
     list_display_links = ("step_text",)
-    list_filter = ("suspension_type", "workflow_name", "workflow_version", "tenant_id")
+    # The workflows and versions are those the runs have (kw_run_workflow_version:
+    # the pending rows have no index of their own for them), the tenants those
+    # of the pending rows (kw_pending_due).
+    list_filter = (
+        "suspension_type",
+        ("workflow_name", indexed("tenant_id", "workflow_name", source=WorkflowRun)),
+        (
+            "workflow_version",
+            indexed(
+                "tenant_id", "workflow_name", "workflow_version", nullable=True, source=WorkflowRun
+            ),
+        ),
+        ("tenant_id", indexed("tenant_id")),
+    )
     search_fields = ("run_id",)
     search_help_text = "A run id (whole, or its first 8 characters)."
     ordering = (F("wake_at").asc(nulls_last=True), "id")

@@ -21,6 +21,7 @@ from kumiko_workflows.admin.base import WorkflowAdmin, admin_tenant, many_tenant
 from kumiko_workflows.admin.dashboard import PagesMixin
 from kumiko_workflows.admin.display import breakable, clipped_text, list_time, short_id, zoned_title
 from kumiko_workflows.admin.family import family
+from kumiko_workflows.admin.lists import CheapListMixin, indexed
 from kumiko_workflows.admin.pictures import EMPTY, Links, run_picture, status_badge, step_cell
 from kumiko_workflows.admin.schedules import ScheduleControls
 from kumiko_workflows.models import (
@@ -34,9 +35,12 @@ from kumiko_workflows.operations.dashboard import failure_reasons_present
 from kumiko_workflows.operations.explain import Explanation, attempt_text, explain
 from kumiko_workflows.operations.status import outbox_backlog, outbox_problems
 from kumiko_workflows.operations.timeline import awaited_events, timeline
-from kumiko_workflows.operations.version_table import stale_workers, version_table
+from kumiko_workflows.operations.version_table import failing_versions, stale_workers
 from kumiko_workflows.operations.words import plural, step_label, when
 from kumiko_workflows.workflow import clock
+
+#: The leading columns of the runs' index by workflow and version (``kw_run_workflow_version``).
+VERSION_INDEX = ("tenant_id", "workflow_name", "workflow_version")
 
 #: Seconds an outbox's oldest append may wait before the run list says so
 #: (``workflow_status --check``'s default ``--max-lag``).
@@ -62,7 +66,7 @@ class FailureReasonFilter(admin.SimpleListFilter):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
+class WorkflowRunAdmin(CheapListMixin, PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
     list_display = (
         "run",
         "workflow",
@@ -77,9 +81,10 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
         "status",
         FailureReasonFilter,
         "suspension_type",  # "queued for a concurrency slot", "waiting for its rate limit", ...
-        "workflow_name",
-        "workflow_version",
-        "tenant_id",
+        # Their choices from kw_run_workflow_version, one probe per value.
+        ("workflow_name", indexed("tenant_id", "workflow_name")),
+        ("workflow_version", indexed(*VERSION_INDEX, nullable=True)),
+        ("tenant_id", indexed("tenant_id")),
     )
     search_fields = ("search_key",)
     search_help_text = (
@@ -126,6 +131,20 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
         "wake_at_text",
         "attempt",
     )
+
+    def get_ordering(self, request: HttpRequest) -> Any:
+        """Newest update first; a list filtered by when runs started or finished (the
+        dashboard's links), newest start or finish first.
+
+        Then the range's own index (``kw_run_started``, ``kw_run_finished``)
+        gives the rows in order and the page stops at its last row; ordered
+        by update, the planner may read the newest updates back to the
+        range instead (it takes the two instants to be unrelated).
+        """
+        for column in ("finished_at", "started_at"):
+            if any(key.startswith(f"{column}__") for key in request.GET):
+                return (f"-{column}",)
+        return super().get_ordering(request)
 
     def get_list_display(self, request: HttpRequest) -> Any:
         shown = list(super().get_list_display(request))
@@ -268,7 +287,7 @@ class WorkflowRunAdmin(PagesMixin, RunActions, ScheduleControls, WorkflowAdmin):
         """
         tenant = admin_tenant(request)
         lines = stale_workers(tenant, clock.now())
-        for row in version_table(tenant):
+        for row in failing_versions(tenant):
             for group in row.failing:
                 lines.append(
                     f"{plural(group['runs'], 'waiting run')} of workflow {row.workflow_name!r} "

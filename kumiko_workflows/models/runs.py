@@ -103,7 +103,14 @@ class WorkflowRun(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["tenant_id", "status", "updated_at"], name="kw_run_tenant_status"),
-            models.Index(fields=["tenant_id", "workflow_name"], name="kw_run_tenant_workflow"),
+            # A workflow's runs, by version: the run list's filters read their
+            # choices from it (one probe per tenant, workflow and version), and
+            # a workflow's runs of one status are found in it without reading
+            # the workflow's other runs.
+            models.Index(
+                fields=["tenant_id", "workflow_name", "workflow_version", "status"],
+                name="kw_run_workflow_version",
+            ),
             # The runs an event started (the admin's link from an event to its runs).
             models.Index(fields=["tenant_id", "trigger_event_id"], name="kw_run_trigger_event"),
             # The admin's search by business key. It leads with the key, not
@@ -132,6 +139,15 @@ class WorkflowRun(models.Model):
                 fields=["finished_at", "tenant_id", "workflow_name", "status", "failure_reason"],
                 condition=Q(finished_at__isnull=False),
                 name="kw_run_finished",
+            ),
+            # The run list's order, newest update first, for a superuser (every
+            # tenant: an index led by tenant_id could not give one order over
+            # them) and for its filters by workflow, status and failure reason,
+            # checked in the index; a tenant's list reads the same order with
+            # tenant_id checked.
+            models.Index(
+                fields=["updated_at", "tenant_id", "workflow_name", "status", "failure_reason"],
+                name="kw_run_updated",
             ),
             # The failure-reason filter lists the reasons present: one probe per
             # known reason. Only failed runs are in it.

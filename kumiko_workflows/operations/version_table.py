@@ -114,6 +114,35 @@ def version_table(tenant_id: str | None = None) -> list[VersionRow]:
     return sorted(table.values(), key=_sort_key)
 
 
+def failing_versions(tenant_id: str | None = None) -> list[VersionRow]:
+    """The rows of :func:`version_table` with waiting runs that would fail, ``failing`` filled.
+
+    Read from the pending rows alone (a waiting run's definition is on its
+    pending row), grouped by definition, never from the runs in flight:
+    the run list's warning asks on every view, and counting every run in
+    flight on a large store costs more than the page. ``in_flight`` and
+    ``stranded`` are left at 0 (see :func:`version_table` for them).
+    """
+    waiting = (
+        WorkflowRunPending.objects.for_tenant(tenant_id)
+        .order_by()
+        .values_list("workflow_name", "workflow_version", "definition_fingerprint")
+        .distinct()
+    )
+    rows: list[VersionRow] = []
+    for name, version, fingerprint in waiting:
+        resumes_on = registry.of_run(name, version, fingerprint)
+        if resumes_on is not None and resumes_on.fingerprint == fingerprint:
+            continue
+        shown = resumes_on.version if version is None and resumes_on is not None else version
+        row = VersionRow(name, shown, declared=registry.get(name, shown) is not None)
+        _judge_waiting(row, tenant_id, version, fingerprint, 0)
+        row.stranded = sum(group["runs"] for group in row.failing)
+        if row.failing:
+            rows.append(row)
+    return sorted(rows, key=_sort_key)
+
+
 def _judge_waiting(
     row: VersionRow, tenant_id: str | None, version: int | None, fingerprint: str, runs: int
 ) -> None:

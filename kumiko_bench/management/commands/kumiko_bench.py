@@ -63,6 +63,13 @@ class Command(BaseCommand):
             help="Rounds of engine and baseline, interleaved; ratios are medians "
             "(default: %(default)s).",
         )
+        parser.add_argument(
+            "--dashboard-data",
+            metavar="NAME",
+            help="PostgreSQL: the dashboard scenario copies its data from database NAME when "
+            "NAME holds data of the same size (skipping the seed), else seeds and keeps a copy "
+            "as NAME, never analysed, for the next run. NAME is not dropped: drop it when done.",
+        )
         parser.add_argument("--json", metavar="PATH", help="Also write the results as JSON.")
         parser.add_argument("--worker", help="internal: run as a worker process")
         parser.add_argument("--tenant", help="internal: the bench tenant of a worker")
@@ -106,6 +113,7 @@ class Command(BaseCommand):
             worker_command=command,
             worker_env=env,
             slow_seconds=options["slow_seconds"],
+            dashboard_data=options["dashboard_data"],
         )
         scenarios = options["scenarios"] or list(SCENARIOS)
         self.stdout.write(
