@@ -1322,8 +1322,9 @@ class Bench:
         ``PROFILE_CPU batch=… tracing=… cpu_us_per_run=… wall_us_per_run=…``:
         this process's CPU per run, steadier than the wall clock on a shared
         machine. Last, with the OpenTelemetry SDK installed, the same at the
-        configured size with tracing and metrics on (set up as in
-        ``drain_traced``).
+        configured size with tracing and metrics on (the SDK's providers and
+        exporters of ``drain_traced``, given to the engine alone with
+        ``telemetry.configure`` for the scenario's length).
         """
 
         n = self.size("profile")
@@ -1333,8 +1334,9 @@ class Bench:
         for size in dict.fromkeys((1, batch)):
             self._profiled(n, size, "off")
         if _sdk_installed():
-            # Last: the SDK's global providers stay set for the rest of the process.
-            flushed = _telemetry_on()
+            # The engine's own providers, not the global ones: set once, those would
+            # stay for the scenarios after this one.
+            flushed = _telemetry_on(globally=False)
             self._cpu_per_run(n, batch, traced=True)
             self._profiled(n, batch, "traced")
             flushed()
@@ -1746,14 +1748,16 @@ def _drain(tenant: str, limit: int | None = None) -> int:
             return processed
 
 
-def _telemetry_on() -> Callable[[], dict[str, int]]:
+def _telemetry_on(*, globally: bool = True) -> Callable[[], dict[str, int]]:
     """Tracing and metrics on in this process, as a site sets them up, exported to nowhere.
 
     The global providers of the OpenTelemetry SDK: spans batched to an
     exporter that counts and drops them, metrics (the due-backlog gauge's
     query included) collected every 10 seconds (a scrape interval; the SDK's
     default is 60) and at the end for another. Returns what flushes them
-    and says how many spans were exported.
+    and says how many spans were exported. Not ``globally``: the same
+    providers given to the engine alone (``telemetry.configure``) until the
+    flush, which gives it the global ones back.
     """
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
@@ -1791,10 +1795,19 @@ def _telemetry_on() -> Callable[[], dict[str, int]]:
     meter_provider = MeterProvider(
         metric_readers=[PeriodicExportingMetricReader(exports, export_interval_millis=10_000)]
     )
-    trace.set_tracer_provider(tracer_provider)
-    metrics.set_meter_provider(meter_provider)
+    if globally:
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+    else:  # the engine's alone (telemetry.configure), until flushed: the profile's
+        from kumiko_workflows import telemetry
+
+        telemetry.configure(tracer_provider=tracer_provider, meter_provider=meter_provider)
 
     def flushed() -> dict[str, int]:
+        if not globally:
+            from kumiko_workflows import telemetry
+
+            telemetry.configure()
         tracer_provider.shutdown()
         meter_provider.shutdown()
         return {"spans": spans.count, "metric_exports": exports.count}
