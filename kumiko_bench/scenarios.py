@@ -1317,46 +1317,95 @@ class Bench:
         JSON, UUIDs, datetimes). Prints ``PROFILE batch=… us_per_run=…
         database=…% driver=…% django=…% engine=…% other=…%`` and the
         engine's five costliest functions (``KUMIKO_BENCH_PROFILE_DUMP=1``
-        also prints the 25 costliest of all). The profiler's own overhead
+        also prints the 25 costliest of all; ``=cumulative:telemetry``, say,
+        the 25 of the files matching ``telemetry`` by cumulative time). The profiler's own overhead
         inflates the Python layers (by about a third); the shares, not the
-        absolute figures, are the point.
+        absolute figures, are the point. Before them, without the profiler,
+        ``PROFILE_CPU batch=… tracing=… cpu_us_per_run=… wall_us_per_run=…``:
+        this process's CPU per run, steadier than the wall clock on a shared
+        machine. Last, with the OpenTelemetry SDK installed, the same at the
+        configured size with tracing and metrics on (the SDK's providers and
+        exporters of ``drain_traced``, given to the engine alone with
+        ``telemetry.configure`` for the scenario's length).
         """
+
+        n = self.size("profile")
+        batch = int(_setting("BATCH_SIZE"))
+        for size in dict.fromkeys((1, batch)):
+            self._cpu_per_run(n, size)
+        for size in dict.fromkeys((1, batch)):
+            self._profiled(n, size, "off")
+        if _sdk_installed():
+            # The engine's own providers, not the global ones: set once, those would
+            # stay for the scenarios after this one.
+            flushed = _telemetry_on(globally=False)
+            self._cpu_per_run(n, batch, traced=True)
+            self._profiled(n, batch, "traced")
+            flushed()
+
+    def _profiled(self, n: int, size: int, tracing: str) -> None:
+        """One drain of ``n`` fresh due runs at ``size`` under cProfile; its lines printed."""
         import cProfile
         import pstats
 
-        n = self.size("profile")
         user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
-        for size in dict.fromkeys((1, int(_setting("BATCH_SIZE")))):
-            self.fresh_database()
-            self.seed_due_runs(n)
-            with override_settings(KUMIKO_WORKFLOWS={**user, "BATCH_SIZE": size}):
-                # Warm: statements prepared, caches filled.
-                _drain(self.tenant, limit=max(1, min(20, n // 10)))
-                profiler = cProfile.Profile()
-                started = time.perf_counter()
-                profiler.enable()
-                done = _drain(self.tenant)
-                profiler.disable()
-                seconds = time.perf_counter() - started
-            layers, engine = _layers(pstats.Stats(profiler))
-            total = sum(layers.values()) or 1.0
-            shares = " ".join(f"{name}={layers[name] / total * 100:.0f}%" for name in LAYERS)
-            done = max(1, done)
-            per_run = seconds / done * 1e6
-            self.out(f"PROFILE batch={size} runs={done} us_per_run={per_run:.0f} {shares}")
-            if os.environ.get("KUMIKO_BENCH_PROFILE_DUMP"):
-                pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
-            for name, own in engine[:5]:
-                self.out(f"PROFILE_ENGINE batch={size} {name} us_per_run={own / done * 1e6:.1f}")
-            self.results.append(
-                Result(
-                    f"profile_batch{size}",
-                    done,
-                    seconds,
-                    done / seconds,
-                    note=f"under cProfile: {per_run:.0f} us a run; {shares}",
-                )
+        self.fresh_database()
+        self.seed_due_runs(n, traced=tracing == "traced")
+        with override_settings(KUMIKO_WORKFLOWS={**user, "BATCH_SIZE": size}):
+            # Warm: statements prepared, caches filled.
+            _drain(self.tenant, limit=max(1, min(20, n // 10)))
+            profiler = cProfile.Profile()
+            started = time.perf_counter()
+            profiler.enable()
+            done = _drain(self.tenant)
+            profiler.disable()
+            seconds = time.perf_counter() - started
+        layers, engine = _layers(pstats.Stats(profiler))
+        total = sum(layers.values()) or 1.0
+        shares = " ".join(f"{name}={layers[name] / total * 100:.0f}%" for name in LAYERS)
+        done = max(1, done)
+        per_run = seconds / done * 1e6
+        label = f"batch={size} tracing={tracing}"
+        self.out(f"PROFILE {label} runs={done} us_per_run={per_run:.0f} {shares}")
+        dump = os.environ.get("KUMIKO_BENCH_PROFILE_DUMP")
+        if dump:
+            # "1", or "<sort key>:<regex of the file names>" (say "cumulative:telemetry").
+            key, _, where = dump.partition(":") if ":" in dump else ("tottime", "", "")
+            pstats.Stats(profiler).sort_stats(key).print_stats(*([where] if where else []), 25)
+        for name, own in engine[:5]:
+            self.out(f"PROFILE_ENGINE {label} {name} us_per_run={own / done * 1e6:.1f}")
+        suffix = "_traced" if tracing == "traced" else ""
+        self.results.append(
+            Result(
+                f"profile_batch{size}{suffix}",
+                done,
+                seconds,
+                done / seconds,
+                note=f"under cProfile: {per_run:.0f} us a run; {shares}",
             )
+        )
+
+    def _cpu_per_run(self, n: int, size: int, *, traced: bool = False) -> None:
+        """Print this process's CPU per run of a drain at ``size``, without the profiler.
+
+        Steadier than the wall clock on a shared machine (the database's time
+        is not in it). ``traced``: the SDK is set up (by the caller) and the
+        runs link to a start span, as in ``drain_traced``.
+        """
+        user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
+        self.fresh_database()
+        self.seed_due_runs(n, traced=traced)
+        with override_settings(KUMIKO_WORKFLOWS={**user, "BATCH_SIZE": size}):
+            _drain(self.tenant, limit=max(1, min(20, n // 10)))
+            started, cpu = time.perf_counter(), time.process_time()
+            done = max(1, _drain(self.tenant))
+            cpu_us = (time.process_time() - cpu) / done * 1e6
+            wall_us = (time.perf_counter() - started) / done * 1e6
+        mode = "traced" if traced else "off"
+        self.out(
+            f"PROFILE_CPU batch={size} tracing={mode} runs={done} cpu_us_per_run={cpu_us:.0f} "
+            f"wall_us_per_run={wall_us:.0f}"
+        )
 
     def _time_wakes(self, append_event: Callable[..., Any]) -> list[float]:
         timings = []
@@ -1728,14 +1777,16 @@ def _drain(tenant: str, limit: int | None = None) -> int:
             return processed
 
 
-def _telemetry_on() -> Callable[[], dict[str, int]]:
+def _telemetry_on(*, globally: bool = True) -> Callable[[], dict[str, int]]:
     """Tracing and metrics on in this process, as a site sets them up, exported to nowhere.
 
     The global providers of the OpenTelemetry SDK: spans batched to an
     exporter that counts and drops them, metrics (the due-backlog gauge's
     query included) collected every 10 seconds (a scrape interval; the SDK's
     default is 60) and at the end for another. Returns what flushes them
-    and says how many spans were exported.
+    and says how many spans were exported. Not ``globally``: the same
+    providers given to the engine alone (``telemetry.configure``) until the
+    flush, which gives it the global ones back.
     """
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
@@ -1773,15 +1824,32 @@ def _telemetry_on() -> Callable[[], dict[str, int]]:
     meter_provider = MeterProvider(
         metric_readers=[PeriodicExportingMetricReader(exports, export_interval_millis=10_000)]
     )
-    trace.set_tracer_provider(tracer_provider)
-    metrics.set_meter_provider(meter_provider)
+    if globally:
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+    else:  # the engine's alone (telemetry.configure), until flushed: the profile's
+        from kumiko_workflows import telemetry
+
+        telemetry.configure(tracer_provider=tracer_provider, meter_provider=meter_provider)
 
     def flushed() -> dict[str, int]:
+        if not globally:
+            from kumiko_workflows import telemetry
+
+            telemetry.configure()
         tracer_provider.shutdown()
         meter_provider.shutdown()
         return {"spans": spans.count, "metric_exports": exports.count}
 
     return flushed
+
+
+def _sdk_installed() -> bool:
+    try:
+        import opentelemetry.sdk  # noqa: F401 - only whether it is installed
+    except ImportError:
+        return False
+    return True
 
 
 def _floor_tables() -> tuple[str, str]:

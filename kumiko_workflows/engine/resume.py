@@ -21,6 +21,7 @@ from django.db.models import F
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import children, deploys
+from kumiko_workflows.engine.claims_ahead import Ahead
 from kumiko_workflows.engine.resume_row import resume_row
 from kumiko_workflows.engine.run_controls import check_name
 from kumiko_workflows.engine.wakeups import (
@@ -324,17 +325,19 @@ def _drain_tenant(
             with telemetry.counting_batch(), db.atomic(), fan_in.batched():
                 savepoints = needs_savepoints()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
+                ahead = Ahead(size, deadline, should_stop, savepoints, _commits_per_run)
                 for _ in range(size):
-                    if should_stop():
+                    # A row claimed ahead is resumed whatever comes: it is held.
+                    if should_stop() and ahead.held is None:
                         break
                     done = _claim_and_resume(
-                        tenant, now, clock(), passed_over, batch, savepoints, leaving
+                        tenant, now, clock(), passed_over, batch, savepoints, leaving, ahead
                     )
                     if done is None:
                         drained = True
                         break
                     claims += 1
-                    if done or time.monotonic() > deadline:
+                    if (done or time.monotonic() > deadline) and ahead.held is None:
                         break  # commit now
                 # Children that ended in the batch, counted in their fan-ins at once.
                 children.count_batch(children.starter())
@@ -357,22 +360,37 @@ def _claim_and_resume(
     batch: ResumeReport,
     savepoint: bool,
     leaving: Collection[str] = (),
+    ahead: Ahead | None = None,
 ) -> bool | None:
     """Claim the next row due at ``due`` and resume it; count its outcome in ``batch``.
 
     Returns None when no row is due, else whether to commit right after it
     (its workflow commits per run). With ``savepoint``, the claim and the
     resume share a savepoint that an error rolls back; without, an error
-    raises :class:`_Unwound` and the batch is rolled back.
+    raises :class:`_Unwound` and the batch is rolled back. With ``ahead``,
+    the row may have been claimed by the run before, and the next may be
+    claimed by this one's last statement (see :class:`~kumiko_workflows.engine.claims_ahead.Ahead`).
     """
     row: WorkflowRunPending | None = None
     try:
         with db.atomic() if savepoint else nullcontext():
-            claimed = claims.claim_due(tenant, due, passed_over, leaving)
+            if ahead is None:
+                claimed = claims.claim_due(tenant, due, passed_over, leaving)
+            else:
+                claimed = ahead.claim(tenant, due, passed_over, leaving)
             if claimed is None:
                 return None
             row, trigger = claimed
-            outcome, resumed = resume_row(row, trigger, now)
+            request = (
+                None if ahead is None else ahead.asking(row, tenant, due, passed_over, leaving)
+            )
+            token = claims.next_claim.set(request)
+            try:
+                outcome, resumed = resume_row(row, trigger, now)
+            finally:
+                claims.next_claim.reset(token)
+            if request is not None and ahead is not None:
+                ahead.held = request.found
     except Exception as exc:
         if row is None or db.connection_broken():
             # No row to blame, or every row after this one would fail the

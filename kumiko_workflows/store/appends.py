@@ -8,6 +8,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from kumiko_workflows.models import (
     Event,
+    WorkflowRunPending,
 )
 from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import engine
@@ -34,13 +35,17 @@ def insert_event_sql(shape: str) -> str:
     return statement(("insert_event", shape), lambda: _build_insert(shape))
 
 
-def insert_pair_sql(folded: tuple[str, ...] = ()) -> str:
+def insert_pair_sql(folded: tuple[str, ...] = (), claim: tuple[str, str] | None = None) -> str:
     """Two chained appends in one statement (see :func:`_build_pair`).
 
     ``folded`` are statements chained after them (each built with
     ``only_if="second"``: they apply only if both events were written).
+    ``claim``, a worker's claim of its batch's next row (the ``DELETE`` and
+    the select list of :class:`~kumiko_workflows.store.claims.NextClaim`),
+    rides in it too; each row returned then leads with 0 (an event: id,
+    version) or 1 (the claimed row's columns after two NULLs).
     """
-    return statement(("insert_pair", folded), lambda: _build_pair(folded))
+    return statement(("insert_pair", folded, claim), lambda: _build_pair(folded, claim))
 
 
 def _build_insert(shape: str) -> str:
@@ -136,7 +141,7 @@ def _build_sharded_insert(shape: str) -> str:
     )
 
 
-def _build_pair(folded: tuple[str, ...]) -> str:
+def _build_pair(folded: tuple[str, ...], claim: tuple[str, str] | None = None) -> str:
     """Two chained inserts (PostgreSQL): the second only if the first was written."""
     table = engine().ops.quote_name(Event._meta.db_table)
     columns = ", ".join(engine().ops.quote_name(c) for c in (*EVENT_COLUMNS, "version"))
@@ -147,11 +152,21 @@ def _build_pair(folded: tuple[str, ...]) -> str:
         f"EXISTS (SELECT 1 FROM {table} WHERE tenant_id = %s AND aggregate_id = %s "  # noqa: S608
         "AND version = %s AND aggregate_type = %s)"
     )
-    return (
+    chain = (
         f"WITH first AS ({insert} SELECT {placeholders} WHERE {previous} {conflict}), "  # noqa: S608
         f"second AS ({insert} SELECT {placeholders} FROM first {conflict}) "
         + "".join(f", folded_{i} AS ({sql})" for i, sql in enumerate(folded))
-        + " SELECT id, version FROM first UNION ALL SELECT id, version FROM second"
+    )
+    if claim is None:
+        return chain + " SELECT id, version FROM first UNION ALL SELECT id, version FROM second"  # noqa: S608
+    delete, claimed = claim
+    width = len(WorkflowRunPending._meta.concrete_fields) + len(Event._meta.concrete_fields)
+    nulls = ", ".join(["NULL"] * width)
+    # The claim's branch first: its typed columns type the events' NULLs.
+    return (
+        f"{chain}, c AS ({delete}) SELECT 1, NULL, NULL, {claimed} "  # noqa: S608 - identifiers
+        f"UNION ALL SELECT 0, id, version, {nulls} FROM first "
+        f"UNION ALL SELECT 0, id, version, {nulls} FROM second"
     )
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -61,56 +62,9 @@ def claim_due(
     skip = sorted(passed_over)
     foreign = sorted(leaving)
     only = claim_only.get() or ()
-    pending, event = WorkflowRunPending._meta, Event._meta
-    width = len(pending.concrete_fields)
     chained = chains_writes()
-
-    def build(held: bool) -> str:
-        ops = engine().ops
-        table = ops.quote_name(pending.db_table)
-        pending_fields, event_fields = pending.concrete_fields, event.concrete_fields
-        row_columns = ", ".join(f"c.{ops.quote_name(str(f.column))}" for f in pending_fields)
-        returned = ", ".join(ops.quote_name(str(f.column)) for f in pending_fields)
-        event_columns = ", ".join(f"e.{ops.quote_name(str(f.column))}" for f in event_fields)
-        alias = "" if chained else "c."
-        # In turn: the claim instant's order, due rows only; then the due rows
-        # the claim instant holds back (see the docstring).
-        order = f"{alias}wake_at, {alias}id" if held else f"{alias}claim_at, {alias}id"
-        where = f"{alias}tenant_id = %s AND {alias}wake_at <= %s"
-        if not held:
-            where = f"{alias}tenant_id = %s AND {alias}claim_at <= %s AND {alias}wake_at <= %s"
-        if skip:
-            where += f" AND {alias}id NOT IN ({', '.join(['%s'] * len(skip))})"
-        if foreign:
-            marks = ", ".join(["%s"] * len(foreign))
-            where += f" AND {alias}definition_fingerprint NOT IN ({marks})"
-        if only:
-            where += f" AND {alias}workflow_name IN ({', '.join(['%s'] * len(only))})"
-        if chained:
-            # Every table named with the tenant as a value, the DELETE's too:
-            # one shard's statement on Citus (its planner routes a statement
-            # by the distribution column's values, not by a join's).
-            join = (
-                f"LEFT JOIN {ops.quote_name(event.db_table)} e "
-                "ON e.id = c.trigger_event_id AND e.tenant_id = %s"
-            )
-            return (
-                f"WITH c AS (DELETE FROM {table} WHERE tenant_id = %s AND id = ("  # noqa: S608
-                f"SELECT id FROM {table} WHERE {where} ORDER BY {order} LIMIT 1 "
-                f"FOR UPDATE SKIP LOCKED) RETURNING {returned}) "
-                f"SELECT {row_columns}, {event_columns} FROM c {join}"
-            )
-        join = (
-            f"LEFT JOIN {ops.quote_name(event.db_table)} e "
-            "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
-        )
-        return (
-            f"SELECT {row_columns}, {event_columns} FROM {table} c {join} "  # noqa: S608
-            f"WHERE {where} ORDER BY {order} LIMIT 1"
-        )
-
     shape = (len(skip), len(foreign), len(only))
-    ordered = statement(("claim_due", *shape), lambda: build(False))
+    ordered = statement(("claim_due", *shape), lambda: _build_claim(False, shape, chained))
     rest: list[Any] = [*skip, *foreign, *only]
 
     def bound(params: list[Any]) -> list[Any]:
@@ -123,20 +77,26 @@ def claim_due(
         cursor.execute(ordered, bound([tenant_id, now, now, *rest]))
         found = cursor.fetchone()
         if found is None:
-            held = statement(("claim_due_held", *shape), lambda: build(True))
+            held = statement(("claim_due_held", *shape), lambda: _build_claim(True, shape, chained))
             cursor.execute(held, bound([tenant_id, now, *rest]))
             found = cursor.fetchone()
         if found is not None and not chained:
             delete = statement(
                 ("claim_due_delete",),
                 lambda: (
-                    f"DELETE FROM {engine().ops.quote_name(pending.db_table)} "  # noqa: S608
+                    f"DELETE FROM {engine().ops.quote_name(WorkflowRunPending._meta.db_table)} "  # noqa: S608
                     "WHERE id = %s"
                 ),
             )
             cursor.execute(delete, [found[0]])
     if found is None:
         return None
+    return claimed_row(tenant_id, found)
+
+
+def claimed_row(tenant_id: str, found: Sequence[Any]) -> tuple[WorkflowRunPending, Event | None]:
+    """The pending row and trigger event of a claim's returned columns."""
+    width = len(WorkflowRunPending._meta.concrete_fields)
     row = _instance_of(WorkflowRunPending, found[:width])
     trigger = None if found[width] is None else _instance_of(Event, found[width:])
     if trigger is None and row.trigger_event_id is not None:
@@ -146,6 +106,104 @@ def claim_due(
         # join reads the statement's older snapshot. Read the event again.
         trigger = Event.objects.filter(tenant_id=tenant_id, pk=row.trigger_event_id).first()
     return row, trigger
+
+
+def _claim_parts(held: bool, shape: tuple[int, int, int], chained: bool) -> tuple[str, str]:
+    """The claim's ``DELETE … RETURNING`` (chained) or ``SELECT`` (not), and its select list.
+
+    Chained: (the ``DELETE`` of the row, to be named ``c`` in a ``WITH``;
+    the select list and join reading it). Not chained: (the whole ``SELECT``, "").
+    """
+    ops = engine().ops
+    pending, event = WorkflowRunPending._meta, Event._meta
+    table = ops.quote_name(pending.db_table)
+    row_columns = ", ".join(f"c.{ops.quote_name(str(f.column))}" for f in pending.concrete_fields)
+    returned = ", ".join(ops.quote_name(str(f.column)) for f in pending.concrete_fields)
+    event_columns = ", ".join(f"e.{ops.quote_name(str(f.column))}" for f in event.concrete_fields)
+    alias = "" if chained else "c."
+    # In turn: the claim instant's order, due rows only; then the due rows
+    # the claim instant holds back (see claim_due).
+    order = f"{alias}wake_at, {alias}id" if held else f"{alias}claim_at, {alias}id"
+    where = f"{alias}tenant_id = %s AND {alias}wake_at <= %s"
+    if not held:
+        where = f"{alias}tenant_id = %s AND {alias}claim_at <= %s AND {alias}wake_at <= %s"
+    skip, foreign, only = shape
+    if skip:
+        where += f" AND {alias}id NOT IN ({', '.join(['%s'] * skip)})"
+    if foreign:
+        where += f" AND {alias}definition_fingerprint NOT IN ({', '.join(['%s'] * foreign)})"
+    if only:
+        where += f" AND {alias}workflow_name IN ({', '.join(['%s'] * only)})"
+    if chained:
+        # Every table named with the tenant as a value, the DELETE's too:
+        # one shard's statement on Citus (its planner routes a statement
+        # by the distribution column's values, not by a join's).
+        join = (
+            f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+            "ON e.id = c.trigger_event_id AND e.tenant_id = %s"
+        )
+        delete = (
+            f"DELETE FROM {table} WHERE tenant_id = %s AND id = ("  # noqa: S608
+            f"SELECT id FROM {table} WHERE {where} ORDER BY {order} LIMIT 1 "
+            f"FOR UPDATE SKIP LOCKED) RETURNING {returned}"
+        )
+        return delete, f"{row_columns}, {event_columns} FROM c {join}"
+    join = (
+        f"LEFT JOIN {ops.quote_name(event.db_table)} e "
+        "ON e.id = c.trigger_event_id AND e.tenant_id = c.tenant_id"
+    )
+    select = (
+        f"SELECT {row_columns}, {event_columns} FROM {table} c {join} "  # noqa: S608
+        f"WHERE {where} ORDER BY {order} LIMIT 1"
+    )
+    return select, ""
+
+
+def _build_claim(held: bool, shape: tuple[int, int, int], chained: bool) -> str:
+    first, rest = _claim_parts(held, shape, chained)
+    return f"WITH c AS ({first}) SELECT {rest}" if chained else first
+
+
+@dataclass
+class NextClaim:
+    """A worker's wish to claim a batch's next row in the statement that ends a run's segment.
+
+    Set (:data:`next_claim`) around one run's resume inside a batch; the
+    engine's two-event append that ends that run's segment
+    (:mod:`kumiko_workflows.store.event_pairs`) adds the claim of the next
+    due row to its statement, if ``wanted()`` still says so then, and leaves
+    it in ``found``: a round trip fewer per run, and the row is still taken
+    only when the run before it is done (a slow step holds no row it has not
+    reached). The claim is the ordered probe of :func:`claim_due` alone: when
+    it finds nothing, ``found`` stays None and the worker claims as usual.
+    """
+
+    run_id: Any
+    tenant_id: str
+    due: datetime
+    passed_over: Collection[int]
+    leaving: Collection[str]
+    wanted: Callable[[], bool]
+    asked: bool = False
+    found: tuple[WorkflowRunPending, Event | None] | None = None
+
+    def parts(self) -> tuple[str, str, list[Any], list[Any]]:
+        """(the ``DELETE``, its select list, their parameters): see :func:`_claim_parts`."""
+        skip, foreign, only = sorted(self.passed_over), sorted(self.leaving), claim_only.get() or ()
+        shape = (len(skip), len(foreign), len(only))
+        delete = statement(("claim_next", *shape), lambda: _claim_parts(False, shape, True)[0])
+        rest = statement(("claim_next_rest", *shape), lambda: _claim_parts(False, shape, True)[1])
+        due = self.due
+        return (
+            delete,
+            rest,
+            [self.tenant_id, self.tenant_id, due, due, *skip, *foreign, *only],
+            [self.tenant_id],
+        )
+
+
+#: The claim a worker wants to ride in the statement that ends the running resume.
+next_claim: ContextVar[NextClaim | None] = ContextVar("kumiko_next_claim", default=None)
 
 
 def _take_write_lock(cursor: CursorWrapper) -> None:

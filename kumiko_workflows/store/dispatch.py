@@ -15,6 +15,7 @@ from typing import Any
 from django.db.models.signals import post_save
 
 from kumiko_workflows.models import Event
+from kumiko_workflows.workflow.registry import registry as workflows
 
 Handler = Callable[[Event, bool], None]
 
@@ -44,9 +45,38 @@ class Projection:
     )
 
 
+#: Event types whose projections are remembered before the memo is emptied.
+_TYPES_LIMIT = 4096
+
+
 class ProjectionRegistry:
     def __init__(self) -> None:
         self._projections: list[Projection] = []
+        # Per event type, the projections that may handle it, in order: the
+        # engine's own only if they do (their predicates depend on the type and
+        # the workflow definitions alone, so the answer is kept until those
+        # change), a site's always, asked again at each event (its predicate is
+        # its own business). Every event of a resume asks four times.
+        self._by_type: dict[str, tuple[Projection, ...]] = {}
+        self._generation = -1
+
+    def _for(self, event_type: str) -> tuple[Projection, ...]:
+        """The projections that handle ``event_type``, but for a site's: ask those again."""
+        if self._generation != workflows.generation:
+            self._by_type = {}
+            self._generation = workflows.generation
+        found = self._by_type.get(event_type)
+        if found is None:
+            if len(self._by_type) >= _TYPES_LIMIT:
+                self._by_type = {}
+            found = self._by_type[event_type] = tuple(
+                p for p in self._projections if not p.builtin or p.handles(event_type)
+            )
+        return found
+
+    @staticmethod
+    def _handling(projection: Projection, event_type: str) -> bool:
+        return projection.builtin or projection.handles(event_type)
 
     def register(
         self,
@@ -67,26 +97,28 @@ class ProjectionRegistry:
         projection = Projection(order, name, predicate, apply, replay, builtin, fold, after_check)
         self._projections.append(projection)
         self._projections.sort()
+        self._by_type = {}
         return projection
 
     def unregister(self, name: str) -> None:
         self._projections = [p for p in self._projections if p.name != name]
+        self._by_type = {}
 
     def __contains__(self, name: str) -> bool:
         return any(p.name == name for p in self._projections)
 
     def handles(self, event_type: str, *, replaying: bool = False) -> bool:
         """Whether any projection (any replayed one, when ``replaying``) handles the type."""
-        for projection in self._projections:  # asked on every append: a plain loop
-            if (projection.replay or not replaying) and projection.handles(event_type):
+        for projection in self._for(event_type):  # asked on every append: a plain loop
+            if (projection.replay or not replaying) and self._handling(projection, event_type):
                 return True
         return False
 
     def checked_alone(self, event_type: str) -> Projection | None:
         """The projection with ``after_check`` if it is the only one that handles the type."""
         found = None
-        for projection in self._projections:
-            if projection.handles(event_type):
+        for projection in self._for(event_type):
+            if self._handling(projection, event_type):
                 if found is not None or projection.after_check is None:
                     return None
                 found = projection
@@ -106,8 +138,8 @@ class ProjectionRegistry:
         event (:func:`mark_applied`) so :meth:`dispatch` does not apply them again.
         """
         found = []
-        for projection in self._projections:
-            if projection.fold is not None and projection.handles(event.type):
+        for projection in self._for(event.type):
+            if projection.fold is not None and self._handling(projection, event.type):
                 write = projection.fold(event)
                 if write is not None:
                     found.append((projection.name, write))
@@ -115,10 +147,11 @@ class ProjectionRegistry:
 
     def dispatch(self, event: Event, *, replaying: bool = False) -> None:
         done = () if replaying else getattr(event, "_kumiko_folded", ())
-        for projection in self._projections:
+        type = event.type
+        for projection in self._for(type):
             if replaying and not projection.replay:
                 continue
-            if projection.handles(event.type) and projection.name not in done:
+            if self._handling(projection, type) and projection.name not in done:
                 projection.apply(event, replaying)
 
 

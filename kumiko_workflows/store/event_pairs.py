@@ -16,7 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import pre_save
 
 from kumiko_workflows.models import Event
-from kumiko_workflows.store import appends, statements
+from kumiko_workflows.store import appends, claims, statements
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.dispatch import mark_applied, registry
 from kumiko_workflows.store.distribution import chains_inserts
@@ -104,8 +104,29 @@ def _insert_pair(
         )
         chained.append(sql)
         params.extend(folded_params)
-    sql = appends.insert_pair_sql(tuple(chained))
+    request = claims.next_claim.get()
+    claim = None
+    if (
+        request is not None
+        and not request.asked
+        and request.run_id == one.aggregate_id
+        and request.tenant_id == one.tenant_id
+        and request.wanted()
+    ):
+        # The worker's next claim rides in the statement that ends this run's segment.
+        request.asked = True
+        delete, claimed, delete_params, claimed_params = request.parts()
+        claim = (delete, claimed)
+        params.extend(delete_params)
+        params.extend(claimed_params)
+    sql = appends.insert_pair_sql(tuple(chained), claim)
     inserted = appends.run_insert(sql, params, db)
+    if claim is not None:
+        assert request is not None
+        taken = [row[3:] for row in inserted if row[0] == 1]
+        if taken:
+            request.found = claims.claimed_row(request.tenant_id, taken[0])
+        inserted = [row[1:3] for row in inserted if row[0] == 0]
     rows = {version: (pk, version) for pk, version in inserted}
     if expected_version + 1 not in rows:
         raise stream_refusal(one, expected_version) or version_conflict(one, expected_version)

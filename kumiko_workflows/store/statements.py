@@ -166,12 +166,23 @@ def rows_statement(
             return f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
         return f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
 
-    sql = statement((model._meta.db_table, verb, tuple(values), tuple(where), only_if), build)
+    names = (tuple(values), tuple(where))
+    sql = statement((model._meta.db_table, verb, *names, only_if), build)
+    key = (model, *names)
+    fields = _FIELDS.get(key)
+    if fields is None:
+        named = (*names[0], *names[1])
+        fields = _FIELDS[key] = tuple(model._meta.get_field(name) for name in named)
     params = [
-        model._meta.get_field(name).get_db_prep_save(value, conn)
-        for name, value in (*values.items(), *where.items())
+        field.get_db_prep_save(value, conn)
+        for field, value in zip(fields, (*values.values(), *where.values()), strict=True)
     ]
     return sql, params
+
+
+#: The fields of a :func:`rows_statement`'s values and conditions, per model and
+#: names: looked up once (the statement runs once per resumed run).
+_FIELDS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[str, Any]) -> None:

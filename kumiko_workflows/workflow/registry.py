@@ -30,8 +30,12 @@ class WorkflowRegistry:
         self._by_trigger: dict[str, list[Workflow]] | None = None
         self._awaited: frozenset[str] | None = None
         self._holding: frozenset[str] | None = None
+        #: Bumped on every change of the definitions: what others derived from them
+        #: (the projections' matches per event type) is stale once it moves.
+        self.generation = 0
 
     def _changed(self) -> None:
+        self.generation += 1
         self._by_trigger = None
         self._awaited = None
         self._holding = None

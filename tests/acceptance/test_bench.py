@@ -77,11 +77,18 @@ def assert_result_lines(output: str) -> None:
             re.M,
         ), output
     assert re.search(
-        r"^PROFILE batch=1 runs=\d+ us_per_run=\d+ database=\d+% driver=\d+% django=\d+% "
-        r"engine=\d+% other=\d+%$",
+        r"^PROFILE batch=1 tracing=off runs=\d+ us_per_run=\d+ database=\d+% driver=\d+% "
+        r"django=\d+% engine=\d+% other=\d+%$",
         output,
         re.M,
     ), output
+    for tracing in ("off", "traced"):  # the CPU per run, unprofiled; traced with the SDK
+        assert re.search(
+            rf"^PROFILE_CPU batch=\d+ tracing={tracing} runs=\d+ cpu_us_per_run=\d+ "
+            r"wall_us_per_run=\d+$",
+            output,
+            re.M,
+        ), output
     # With 20 rows the planner may rightly prefer a sequential scan.
     assert re.search(r"^SCAN ms=[\d.]+ index=(yes|no)$", output, re.M), output
     if on_postgres():

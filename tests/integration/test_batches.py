@@ -181,3 +181,25 @@ def test_a_slow_step_holds_no_row_it_has_not_reached(tmp_path, past):
     slow_run = run_id_for("t-blocking", slow.payload["run_key"])
     assert types_of(slow_run)[-1] == et.RUN_COMPLETED
     assert Event.objects.filter(aggregate_id=slow_run, type=et.RESUMED).count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_row_claimed_by_the_run_before_it_is_resumed_even_when_the_pass_stops(past):
+    """On PostgreSQL a run's last statement also claims the batch's next row. Asked to
+    stop once that row is held, the pass still resumes it: no row is taken and dropped."""
+    events = [trigger("t.wait", **{"for": past}) for _ in range(5)]
+    runs = [run_id_for("t-wait", event.payload["run_key"]) for event in events]
+
+    def should_stop():
+        # Once a run has completed: after the first run's last statement (which
+        # claimed the next row while none had), before the second run.
+        return WorkflowRun.objects.filter(run_id__in=runs, status="completed").exists()
+
+    report = resume_due_runs(should_stop=should_stop)
+
+    assert (report.resumed, report.completed) == (2, 2)
+    assert [types_of(run)[-1] for run in runs].count(et.RUN_COMPLETED) == 2
+    assert WorkflowRunPending.objects.filter(run_id__in=runs).count() == 3
+    again = resume_due_runs()
+    assert (again.resumed, again.completed) == (3, 3)

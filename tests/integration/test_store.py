@@ -476,6 +476,40 @@ def test_projections_see_each_new_event_in_order_in_the_same_transaction(project
     assert seen == [("first", event.pk), ("second", event.pk)]
 
 
+def test_a_sites_projection_is_asked_at_each_event_whether_it_handles_the_type(projection):
+    # The engine keeps its own projections' answers per event type; a site's
+    # predicate may answer differently from one event to the next.
+    wanted = {"on": False}
+    seen = []
+    projection("test.switch", lambda type: wanted["on"], lambda e, r: seen.append(e.pk))
+
+    append(new_stream(), "t.switched")
+    wanted["on"] = True
+    event = append(new_stream(), "t.switched")
+
+    assert seen == [event.pk]
+
+
+def test_a_workflow_defined_later_starts_from_a_type_appended_before():
+    from kumiko_workflows import define_workflow, on_event, steps
+    from kumiko_workflows.models import WorkflowRun
+    from kumiko_workflows.workflow.registry import registry as workflows
+
+    append(new_stream(), "t.later-trigger")  # no workflow starts from it yet
+    later = define_workflow(
+        name="t-later",
+        trigger=on_event("t.later-trigger"),
+        steps=[steps.compute("one", lambda ctx: 1)],
+        register=False,
+    )
+
+    with workflows.override(later):
+        append(new_stream(), "t.later-trigger")
+    append(new_stream(), "t.later-trigger")  # the definition is gone again
+
+    assert WorkflowRun.objects.filter(workflow_name="t-later").count() == 1
+
+
 class ProjectionBroke(Exception):
     pass
 

@@ -1,0 +1,68 @@
+"""A worker batch's claims made ahead: each next row taken by the statement ending a run.
+
+Inside a batch (:func:`kumiko_workflows.engine.resume._drain_tenant`) the
+statement that appends a resumed run's last two events also claims the
+batch's next due row (:class:`~kumiko_workflows.store.claims.NextClaim`):
+one round trip a run instead of two, and still no row is taken before the
+run ahead of it is done, so a slow step holds no row it has not reached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from datetime import datetime
+
+from kumiko_workflows.models import Event, WorkflowRunPending
+from kumiko_workflows.store import claims, db
+from kumiko_workflows.store.distribution import distributed
+
+
+class Ahead:
+    """A batch's claims made ahead: the next row taken in the statement ending a run's segment.
+
+    Only without savepoints (an error then rolls the whole batch back, the
+    row claimed ahead with it), for a slot left in the batch, and while the
+    batch is neither past ``BATCH_SECONDS`` nor stopping when that statement
+    runs (:class:`~kumiko_workflows.store.claims.NextClaim`). A row claimed
+    ahead is held until it is resumed, in this batch.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        deadline: float,
+        should_stop: Callable[[], bool],
+        savepoints: bool,
+        commits_alone: Callable[[WorkflowRunPending], bool],
+    ) -> None:
+        self.left = size
+        self.commits_alone = commits_alone
+        self.deadline = deadline
+        self.should_stop = should_stop
+        self.on = not savepoints and db.chains_writes() and not distributed()
+        self.held: tuple[WorkflowRunPending, Event | None] | None = None
+
+    def wanted(self) -> bool:
+        return time.monotonic() <= self.deadline and not self.should_stop()
+
+    def claim(
+        self, tenant: str, due: datetime, passed_over: set[int], leaving: Collection[str]
+    ) -> tuple[WorkflowRunPending, Event | None] | None:
+        """The row claimed ahead, or the next due row claimed now (None: none due)."""
+        self.left -= 1
+        held, self.held = self.held, None
+        return held if held is not None else claims.claim_due(tenant, due, passed_over, leaving)
+
+    def asking(
+        self,
+        row: WorkflowRunPending,
+        tenant: str,
+        due: datetime,
+        passed_over: set[int],
+        leaving: Collection[str],
+    ) -> claims.NextClaim | None:
+        """What to ask the statement ending ``row``'s segment to claim (None: nothing)."""
+        if not self.on or self.left <= 0 or self.commits_alone(row):
+            return None
+        return claims.NextClaim(row.run_id, tenant, due, passed_over, leaving, self.wanted)
