@@ -821,7 +821,12 @@ class Bench:
         baseline: N independent one-step runs queued in one transaction (the
         same queued start each child has) and drained by two workers the same
         way. Ratio: baseline time / fan-out time (1.0: composition costs
-        nothing). Also printed: the children's and the baseline's time per run.
+        nothing). Also printed: the children's and the baseline's time per
+        run, and each round's two parts on each side (``FAN_OUT`` lines): the
+        one transaction (the parent's, which requests and queues every
+        child; the baseline's, which queues every run) and the two workers'
+        drain (for the fan-out: the children, the fan-in, the parent's wake
+        and its last resume).
         """
         from kumiko_workflows.store.events import append_event
 
@@ -839,7 +844,8 @@ class Bench:
             append_event(
                 uuid.uuid4(), SOURCE, FAN_TRIGGER, {"key": key, "count": n}, tenant_id=self.tenant
             )
-            self.go(procs)
+            parent_tx = time.perf_counter() - started
+            fan_drain, _ = self.go(procs)
             fan_times.append(time.perf_counter() - started)
             parent = WorkflowRun.objects.get(run_id=run_id_for(FAN_WORKFLOW, key, self.tenant))
             children = WorkflowRun.objects.filter(
@@ -855,8 +861,14 @@ class Bench:
             started = time.perf_counter()
             with transaction.atomic():
                 self.seed_one_step_runs(n)
-            self.go(procs)
+            seed_tx = time.perf_counter() - started
+            runs_drain, _ = self.go(procs)
             run_times.append(time.perf_counter() - started)
+            self.out(
+                f"FAN_OUT n={n} fan_s={fan_times[-1]:.3f} parent_tx_s={parent_tx:.3f} "
+                f"children_s={fan_drain:.3f} runs_s={run_times[-1]:.3f} seed_tx_s={seed_tx:.3f} "
+                f"runs_drain_s={runs_drain:.3f} load={os.getloadavg()[0]:.2f}"
+            )
             done = WorkflowRun.objects.filter(
                 tenant_id=self.tenant, status=RunStatus.COMPLETED
             ).count()

@@ -39,6 +39,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.projections import children as fan_in
 from kumiko_workflows.projections.children import group_of, parent_of
+from kumiko_workflows.store import db
 from kumiko_workflows.store.events import append_event
 from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.store.streams import (
@@ -126,12 +127,14 @@ def run_children(
         own_batch = not fan_in.batching()
         with fan_in.batched() if own_batch else nullcontext():
             if spec.max_concurrency is None:
-                # All at once: no window to read between the starts.
+                # All at once: no window to read between the starts, which the
+                # group's row counted at its creation; one NOTIFY for them all.
                 workflow = registry.get(spec.workflow)
-                for index, request in enumerate(requests):
-                    key = child_key(ctx.run_id, group, index)
-                    parent = {"run_id": str(ctx.run_id), "group": group, "index": index}
-                    start(workflow, request, key=key, parent=parent)
+                with fan_in.starts_counted(ctx.tenant_id, ctx.run_id, group), db.notifying_once():
+                    for index, request in enumerate(requests):
+                        key = child_key(ctx.run_id, group, index)
+                        parent = {"run_id": str(ctx.run_id), "group": group, "index": index}
+                        start(workflow, request, key=key, parent=parent)
             else:
                 fill(ctx.tenant_id, ctx.run_id, group, start)
             _count_own(ctx.tenant_id, ctx.run_id, group)

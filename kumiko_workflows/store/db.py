@@ -17,7 +17,9 @@ and :mod:`~kumiko_workflows.store.statements`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -179,12 +181,50 @@ def chains_writes() -> bool:
     return engine().vendor == "postgresql"
 
 
+#: The notifications a :func:`notifying_once` block gathered, in order (None: not in one).
+_gathered: ContextVar[dict[tuple[str, str], None] | None] = ContextVar(
+    "kumiko_notify_once", default=None
+)
+
+
 def notify(channel: str, payload: str) -> None:
-    """``NOTIFY channel`` at commit where the database has it (PostgreSQL); else nothing."""
+    """``NOTIFY channel`` at commit where the database has it (PostgreSQL); else nothing.
+
+    Inside :func:`notifying_once`, at the block's end instead, once per
+    channel and payload.
+    """
     conn = engine()
-    if conn.vendor == "postgresql":
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+    if conn.vendor != "postgresql":
+        return
+    gathered = _gathered.get()
+    if gathered is not None:
+        gathered[(channel, payload)] = None
+        return
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+
+@contextmanager
+def notifying_once() -> Iterator[None]:
+    """Send each notification the block asks for once, at its end, in its transaction.
+
+    PostgreSQL delivers a transaction's identical notifications once at its
+    commit anyway; this saves the statement per repeat (a fan-out queues
+    thousands of children, each of which asks). Nothing is sent when the
+    block raises: its writes are being taken back. Nested, the outermost
+    block sends.
+    """
+    if _gathered.get() is not None:
+        yield
+        return
+    gathered: dict[tuple[str, str], None] = {}
+    token = _gathered.set(gathered)
+    try:
+        yield
+    finally:
+        _gathered.reset(token)
+    for channel, payload in gathered:
+        notify(channel, payload)
 
 
 def listen(channel: str) -> Any:

@@ -107,6 +107,13 @@ def assert_result_lines(output: str) -> None:
         assert re.search(r"^RATIO name=unanalysed value=[\d.]+$", output, re.M), output
         assert re.search(r"^RESULT name=kumiko_fan_out n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=fan_out value=[\d.]+$", output, re.M), output
+        # Each round's parts: the one transaction and the two workers' drain, on each side.
+        assert re.search(
+            r"^FAN_OUT n=20 fan_s=[\d.]+ parent_tx_s=[\d.]+ children_s=[\d.]+ runs_s=[\d.]+ "
+            r"seed_tx_s=[\d.]+ runs_drain_s=[\d.]+ load=[\d.]+$",
+            output,
+            re.M,
+        ), output
         assert re.search(
             r"^UNANALYSED waiting=20 p50_ms=[\d.]+ analysed_p50_ms=[\d.]+$", output, re.M
         ), output

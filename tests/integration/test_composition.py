@@ -7,6 +7,8 @@ tests/testapp/compose_workflows.py. Limits are read from the run streams.
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from kumiko_workflows import (
     WorkflowDefinitionError,
@@ -219,6 +221,34 @@ def test_an_empty_fan_out_gives_an_empty_list():
     event = trigger("t.fan-collect", count=0)
     parent = run_id_for("t-parent-fan-collect", event.payload["run_key"])
     assert status(parent) == "completed" and results(parent)["lines"] == []
+
+
+def statements_of(count: int) -> list[str]:
+    """The statements of the transaction that starts a fan-out of ``count`` queued children."""
+    with CaptureQueriesContext(connection) as queries:
+        trigger("t.fan-queued", count=count)
+    return [query["sql"] for query in queries.captured_queries]
+
+
+@pytest.mark.django_db
+def test_queuing_a_fan_outs_children_costs_the_same_per_child_and_one_notify():
+    small, large = statements_of(10), statements_of(40)
+    # Per child: its request, run-started, run-queued, its run's row written
+    # and updated, its pending row, and the savepoint around its start (two).
+    assert (len(large) - len(small)) / 30 <= 8
+    # The fan-in row is written with the group, not once per child started.
+    group_table = WorkflowChildGroup._meta.db_table
+    assert sum(group_table in sql for sql in large) == sum(group_table in sql for sql in small)
+    # One NOTIFY wakes the workers for every queued child (PostgreSQL).
+    notifies = sum("pg_notify" in sql for sql in large)
+    assert notifies == (1 if connection.vendor == "postgresql" else 0)
+    drain()
+    parents = WorkflowRun.objects.filter(workflow_name="t-parent-fan-queued")
+    assert {p.status for p in parents} == {"completed"}
+    [parent] = [p for p in parents if len(children_of(p.run_id)) == 40]
+    assert results(parent.run_id)["lines"] == [{"doubled": 2 * n} for n in range(40)]
+    assert types_of(parent.run_id).count(et.RESUMED) == 1
+    assert_rebuilds()
 
 
 # --- the cancel cascade ----------------------------------------------------------------

@@ -144,6 +144,21 @@ parent_fan_collect = define_workflow(
     ],
 )
 
+# Queued children (start="worker"), all at once: the bench's fan_out in small.
+child_queued = define_workflow(
+    name="t-child-queued",
+    trigger=on_call(),
+    start="worker",
+    steps=[steps.compute("doubled", double)],
+)
+
+parent_fan_queued = define_workflow(
+    name="t-parent-fan-queued",
+    trigger=on_event("t.fan-queued"),
+    idempotency_key=run_key,
+    steps=[steps.fan_out("lines", workflow=child_queued, items=fan_items)],
+)
+
 
 # --- the cancel cascade: root -> middle -> leaf, the leaf waits long ------------------
 
