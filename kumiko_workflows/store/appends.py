@@ -163,11 +163,13 @@ def _build_pair(folded: tuple[str, ...], claim: tuple[str, str] | None = None) -
     width = len(WorkflowRunPending._meta.concrete_fields) + len(Event._meta.concrete_fields)
     nulls = ", ".join(["NULL"] * width)
     # The claim's branch first: its typed columns type the events' NULLs.
-    return (
-        f"{chain}, c AS ({delete}) SELECT 1, NULL, NULL, {claimed} "  # noqa: S608 - identifiers
-        f"UNION ALL SELECT 0, id, version, {nulls} FROM first "
-        f"UNION ALL SELECT 0, id, version, {nulls} FROM second"
+    # chain, delete and claimed are statements built of identifiers and
+    # placeholders (here and in store.claims), joined as they are.
+    events = (
+        f" UNION ALL SELECT 0, id, version, {nulls} FROM first"  # noqa: S608 - identifiers
+        f" UNION ALL SELECT 0, id, version, {nulls} FROM second"
     )
+    return chain + ", c AS (" + delete + ") SELECT 1, NULL, NULL, " + claimed + events
 
 
 def run_insert(

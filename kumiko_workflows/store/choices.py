@@ -17,6 +17,7 @@ coordinator pushes down to each shard.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,15 +25,26 @@ from kumiko_workflows.store.db import atomic, engine
 from kumiko_workflows.store.distribution import distributed
 from kumiko_workflows.store.statement_cache import statement
 
+#: A name these statements put into SQL text: a quoted or bare identifier,
+#: optionally qualified (``"workflow_name"``, ``l0.v1``).
+_NAME = re.compile(r'(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z_][A-Za-z0-9_]*)?')
+
+
+def _ident(text: str) -> str:
+    """``text`` if it is an identifier (quoted by the backend, or a CTE's), else ValueError."""
+    if not _NAME.fullmatch(text):
+        raise ValueError(f"not an SQL identifier: {text!r}")
+    return text
+
 
 def _probe(table: str, columns: Sequence[str], level: int, source: str, after: bool) -> str:
     """The scalar subquery of level ``level``: the first (or next) value of column ``level``
     under the values of the levels above it, read from CTE ``source``."""
-    column = columns[level]
-    where = [f"{columns[i]} = {source}.v{i}" for i in range(level)]
-    where.append(f"{column} > {source}.v{level}" if after else f"{column} IS NOT NULL")
+    column = _ident(columns[level])
+    above = "".join(f"{_ident(columns[i])} = {_ident(f'{source}.v{i}')} AND " for i in range(level))
+    last = f"{column} > {_ident(f'{source}.v{level}')}" if after else f"{column} IS NOT NULL"
     return (
-        f"(SELECT {column} FROM {table} WHERE {' AND '.join(where)} "  # noqa: S608 - identifiers
+        f"(SELECT {column} FROM {_ident(table)} WHERE {above}{last} "  # noqa: S608 - identifiers
         f"ORDER BY {column} LIMIT 1)"
     )
 
@@ -47,9 +59,9 @@ def _loose_scan(
     """
     ctes = []
     for level in range(len(columns)):
-        name, above = f"l{level}", f"l{level - 1}"
-        kept = ", ".join(f"v{i}" for i in range(level))
-        keep = f"{kept}, " if kept else ""
+        name = _ident(f"l{level}")
+        above = _ident(f"l{level - 1}") if level else ""
+        keep = "".join(_ident(f"v{i}") + ", " for i in range(level))
         if level == 0 and scoped:
             ctes.append(f"{name}(v0) AS (SELECT %s)")
             continue
@@ -58,32 +70,39 @@ def _loose_scan(
         else:
             first = (
                 f"SELECT {keep}{_probe(table, columns, level, above, False)} "  # noqa: S608
-                f"FROM {above} WHERE v{level - 1} IS NOT NULL"
+                f"FROM {above} WHERE {_ident(f'v{level - 1}')} IS NOT NULL"
             )
         step = (
             f"SELECT {keep}{_probe(table, columns, level, name, True)} "  # noqa: S608
-            f"FROM {name} WHERE v{level} IS NOT NULL"
+            f"FROM {name} WHERE {_ident(f'v{level}')} IS NOT NULL"
         )
-        values = ", ".join(f"v{i}" for i in range(level + 1))
+        values = ", ".join(_ident(f"v{i}") for i in range(level + 1))
         ctes.append(f"{name}({values}) AS ({first} UNION ALL {step})")
-    last = len(columns) - 1
-    found = f"SELECT DISTINCT v{last} FROM l{last} WHERE v{last} IS NOT NULL"  # noqa: S608
+    last = _ident(f"l{len(columns) - 1}")
+    value = _ident(f"v{len(columns) - 1}")
+    found = f"SELECT DISTINCT {value} FROM {last} WHERE {value} IS NOT NULL"  # noqa: S608
     if newest:
-        same = " AND ".join(f"{columns[i]} = l{last}.v{i}" for i in range(last + 1))
+        same = " AND ".join(
+            f"{_ident(columns[i])} = {_ident(f'{last}.v{i}')}" for i in range(len(columns))
+        )
         found = (
-            f"SELECT DISTINCT (SELECT {newest} FROM {table} WHERE {same} "  # noqa: S608
-            f"ORDER BY id DESC LIMIT 1) FROM l{last} WHERE v{last} IS NOT NULL"
+            f"SELECT DISTINCT (SELECT {_ident(newest)} FROM {_ident(table)} WHERE {same} "  # noqa: S608
+            f"ORDER BY id DESC LIMIT 1) FROM {last} WHERE {value} IS NOT NULL"
         )
     if nullable:
         # NULL sorts last on PostgreSQL and first on SQLite, and is never "> v":
         # one probe per parent value for it instead.
-        parent = f"l{last - 1}"
-        same = " AND ".join(f"{columns[i]} = {parent}.v{i}" for i in range(last))
-        found += (
-            f" UNION SELECT NULL FROM {parent} WHERE v{last - 1} IS NOT NULL AND EXISTS "  # noqa: S608
-            f"(SELECT 1 FROM {table} WHERE {same} AND {columns[last]} IS NULL)"
+        parent = _ident(f"l{len(columns) - 2}")
+        same = " AND ".join(
+            f"{_ident(columns[i])} = {_ident(f'{parent}.v{i}')}" for i in range(len(columns) - 1)
         )
-    return f"WITH RECURSIVE {', '.join(ctes)} {found}"
+        found += (
+            f" UNION SELECT NULL FROM {parent} WHERE {_ident(f'v{len(columns) - 2}')} "  # noqa: S608
+            f"IS NOT NULL AND EXISTS (SELECT 1 FROM {_ident(table)} WHERE {same} "
+            f"AND {_ident(columns[-1])} IS NULL)"
+        )
+    # Each CTE and the final select are checked statements of identifiers.
+    return "WITH RECURSIVE " + ", ".join(ctes) + " " + found
 
 
 def distinct_values(
@@ -109,8 +128,8 @@ def distinct_values(
     quoted = [ops.quote_name(model._meta.get_field(column).column) for column in columns]
     wanted = ops.quote_name(model._meta.get_field(newest).column) if newest else ""
     if distributed():
-        where = f" WHERE {quoted[0]} = %s" if tenant is not None else ""
-        shown = wanted or quoted[-1]
+        where = f" WHERE {_ident(quoted[0])} = %s" if tenant is not None else ""
+        shown = _ident(wanted or quoted[-1])
         sql = f"SELECT DISTINCT {shown} FROM {table}{where}"  # noqa: S608 - identifiers
     else:
         key = (model._meta.label, tuple(columns), tenant is not None, nullable, newest)

@@ -161,7 +161,8 @@ def _claim_parts(held: bool, shape: tuple[int, int, int], chained: bool) -> tupl
 
 def _build_claim(held: bool, shape: tuple[int, int, int], chained: bool) -> str:
     first, rest = _claim_parts(held, shape, chained)
-    return f"WITH c AS ({first}) SELECT {rest}" if chained else first
+    # Both parts are statements of identifiers and placeholders (_claim_parts).
+    return "WITH c AS (" + first + ") SELECT " + rest if chained else first
 
 
 @dataclass
