@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from django.db import connection
@@ -148,11 +148,16 @@ def _seed(runs: int, now: Any) -> None:
             f"FROM {run} r WHERE r.status = 'waiting'",
             [stamp],
         )
-        # A twentieth of the waiting runs due, for up to an hour.
+        # A twentieth of the waiting runs due, for up to an hour. On PostgreSQL
+        # in plain UTC timestamps: Citus refuses timestamptz + interval (a STABLE
+        # function) over a column in an UPDATE.
+        due, due_stamp = add("%s", "-60 - id %% 3600"), stamp
+        if pg:
+            due = "(%s::timestamp + (-60 - id %% 3600) * interval '1 second') AT TIME ZONE 'UTC'"
+            due_stamp = now.astimezone(UTC).replace(tzinfo=None)
         cursor.execute(
-            f"UPDATE {pending} SET wake_at = {add('%s', '-60 - id %% 3600')} "  # noqa: S608
-            "WHERE id %% 20 = 0",
-            [stamp],
+            f"UPDATE {pending} SET wake_at = {due} WHERE id %% 20 = 0",  # noqa: S608
+            [due_stamp],
         )
 
 

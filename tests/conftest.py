@@ -42,6 +42,26 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> None:
             call_command("distribute_workflow_tables", "--shard-count", "8", verbosity=0)
 
 
+@pytest.fixture(autouse=True)
+def _not_on_distributed_tables(request: pytest.FixtureRequest) -> None:
+    """Skip a ``not_citus`` test, with its reason, where the workflow tables are distributed.
+
+    Only there: on plain PostgreSQL, SQLite and a Citus database whose tables
+    are not distributed it runs. The tests and their reasons are listed in
+    docs/discussions/reliability.md ("The suite on Citus").
+    """
+    marker = request.node.get_closest_marker("not_citus")
+    if marker is None or not on_postgres():
+        return
+    reason = marker.kwargs["reason"]  # a not_citus marker without its reason is a KeyError
+    request.getfixturevalue("django_db_setup")  # the test database, distributed or not
+    from kumiko_workflows.store import distribution
+
+    with request.getfixturevalue("django_db_blocker").unblock():
+        if distribution.distributed():
+            pytest.skip(f"on distributed tables (Citus): {reason}")
+
+
 @pytest.fixture
 def now():
     return timezone.now()

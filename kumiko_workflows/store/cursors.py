@@ -12,6 +12,7 @@ from django.db.backends.utils import CursorWrapper
 
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.store.db import engine, settings_generation
+from kumiko_workflows.store.distribution import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def _kept_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
     kept = attributes.get("_kumiko_kept_cursor")
     if kept is not None and kept[0] == made_for:
         return kept[1], True
-    if prepares(db) and not logged:
+    if not logged and prepares(db):
         cursor = db.make_cursor(_PreparingCursor(db.connection))
     else:
         cursor = db.cursor()
@@ -74,17 +75,21 @@ def _kept_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
 def prepares(db: BaseDatabaseWrapper) -> bool:
     """Whether the hot statements are prepared on ``db``'s connection.
 
-    On PostgreSQL through psycopg 3, unless ``PREPARED_STATEMENTS`` is off
-    or the database is set up for a transaction-pooling PgBouncer
+    On PostgreSQL through psycopg 3, unless ``PREPARED_STATEMENTS`` is off,
+    the database is set up for a transaction-pooling PgBouncer
     (``DISABLE_SERVER_SIDE_CURSORS``, as Django documents for it), which
     could hand a prepared statement's next run to a server connection that
-    does not know it.
+    does not know it, or the engine's tables are distributed (Citus): once
+    PostgreSQL settles on a generic plan for an append's ``INSERT ...
+    SELECT`` (after five runs, sooner on tables never analysed), Citus
+    refuses it ("could not create distributed plan").
     """
     return (
         psycopg is not None
         and isinstance(db.connection, psycopg.Connection)
         and bool(workflow_settings.PREPARED_STATEMENTS)
         and not db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+        and not distributed()
     )
 
 

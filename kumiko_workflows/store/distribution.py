@@ -15,7 +15,6 @@ from typing import Any
 
 from kumiko_workflows.models import Event
 from kumiko_workflows.store import statement_cache
-from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import chains_writes, engine
 from kumiko_workflows.store.statement_cache import statement
 
@@ -65,6 +64,9 @@ def forget_distribution() -> None:
     """Ask :func:`distributed` again on the next statement (the tables were just distributed)."""
     _DISTRIBUTED.clear()
     statement_cache._SQL.clear()
+    # The hot statements' cursor (store.cursors) was made for tables not
+    # distributed, and would go on preparing: the next statement makes another.
+    vars(engine()).pop("_kumiko_kept_cursor", None)
 
 
 def has_citus() -> bool:
@@ -100,13 +102,15 @@ def next_event_id() -> int:
     sequence's default would be drawn there, from that worker's own range:
     ids would stop being the append order. So the id is drawn here first,
     from the coordinator's sequence, as a plain PostgreSQL insert draws it.
+    Through Django's cursor: nothing is prepared on distributed tables
+    (:func:`kumiko_workflows.store.cursors.prepares`).
     """
 
     def build() -> str:
         table = engine().ops.quote_name(Event._meta.db_table)
         return f"SELECT nextval(pg_get_serial_sequence('{table}', 'id'))"  # noqa: S608
 
-    with hot_cursor() as cursor:
+    with engine().cursor() as cursor:
         cursor.execute(statement(("next_event_id",), build))
         (value,) = cursor.fetchone()
         return int(value)
@@ -122,7 +126,7 @@ def stream_elsewhere(tenant_id: str, aggregate_id: Any) -> bool:
             "AND tenant_id <> %s LIMIT 1"
         )
 
-    with hot_cursor() as cursor:
+    with engine().cursor() as cursor:
         cursor.execute(statement(("stream_elsewhere",), build), [aggregate_id, tenant_id])
         return cursor.fetchone() is not None
 

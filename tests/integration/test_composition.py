@@ -490,7 +490,8 @@ def test_the_run_page_links_parent_and_children_and_shows_the_progress(
         from kumiko_workflows.store import db
 
         with db.atomic():
-            row = WorkflowRunPending.objects.select_for_update().get(run_id=child.run_id)
+            locked = WorkflowRunPending.objects.select_for_update()
+            row = locked.get(tenant_id=child.tenant_id, run_id=child.run_id)
             row.delete()
             resume_row(row, Event.objects.get(id=row.trigger_event_id), row.wake_at)
 

@@ -12,7 +12,6 @@ from io import StringIO
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from kumiko_workflows import (
     define_workflow,
@@ -33,7 +32,7 @@ from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.workflow.cron import CronTrigger
 from kumiko_workflows.workflow.definition import Workflow
 from kumiko_workflows.workflow.registry import registry
-from tests.support import REPO, run_events, subprocess_env, types_of
+from tests.support import REPO, run_events, subprocess_env, types_of, waits_for_a_lock
 from tests.testapp import cron_workflows as cw
 
 
@@ -543,15 +542,6 @@ def test_fire_schedules_command_fires_as_of_now_and_refuses_a_naive_instant():
 # --- many schedulers --------------------------------------------------------------------
 
 
-def _pg_lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return cursor.fetchone()[0]
-
-
 def _wait_for(condition, what: str, deadline: float = 60.0) -> None:
     end = time.monotonic() + deadline
     while not condition():
@@ -583,7 +573,7 @@ def test_two_scheduler_processes_firing_one_slot_start_one_run(tmp_path):
         # One child fired the slot and holds its transaction open inside the run;
         # the other has tried to append the same schedule version and waits on it.
         _wait_for(lambda: any(tmp_path.glob("running-*")), "a child to start the run")
-        _wait_for(lambda: _pg_lock_waiters() >= 1, "the other child to block on the slot")
+        _wait_for(waits_for_a_lock, "the other child to block on the slot")
     finally:
         (tmp_path / "release").touch()
         outputs = [child.communicate(timeout=120) for child in children]

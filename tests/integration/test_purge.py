@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from kumiko_workflows import (
@@ -53,7 +53,7 @@ from kumiko_workflows.operations.archive import Archive, ArchiveError, read_arch
 from kumiko_workflows.operations.purge import purge_runs
 from kumiko_workflows.operations.rebuild import check as rebuild_check
 from kumiko_workflows.workflow.registry import registry
-from tests.support import REPO, subprocess_env, trigger
+from tests.support import REPO, subprocess_env, trigger, waits_for_a_lock
 from tests.support.faults import Worker, wait_for
 from tests.testapp import cron_workflows as cw
 
@@ -806,18 +806,6 @@ def test_a_purge_beside_a_draining_worker_and_an_appending_site(tmp_path, past, 
     assert rebuild_check().differences == []
 
 
-def _blocked(application_name: str) -> bool:
-    """Whether the backend of that process waits for a lock now."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")  # a fresh look in this transaction
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = %s AND wait_event_type = 'Lock'",
-            [application_name],
-        )
-        return cursor.fetchone()[0] > 0
-
-
 RERUN = textwrap.dedent(
     """
     import sys
@@ -860,12 +848,13 @@ def test_a_rerun_racing_a_purge_finds_the_run_gone_and_leaves_nothing_behind():
     with transaction.atomic():
         # Hold the purge in the middle of its batch: it has locked the run's
         # status row, and waits here to delete the run's first event.
-        list(Event.objects.select_for_update().filter(aggregate_id=failed, version=1))
+        held = Event.objects.select_for_update()
+        list(held.filter(tenant_id="default", aggregate_id=failed, version=1))
         purge = _purge_process("--finished-before", "PT0S", "--run", str(failed))
-        wait_for(lambda: _blocked("kw-purge"), "the purge to reach the held event")
+        wait_for(lambda: waits_for_a_lock("kw-purge"), "the purge to reach the held event")
         # Meanwhile support reruns the run: its stream still looks whole.
         rerun = _rerun_process(failed)
-        wait_for(lambda: _blocked("kw-rerun"), "the rerun to wait for the purge's batch")
+        wait_for(lambda: waits_for_a_lock("kw-rerun"), "the rerun to wait for the purge's batch")
     out, err = purge.communicate(timeout=120)
     assert purge.returncode == 0, err
     rerun_out, rerun_err = rerun.communicate(timeout=120)
@@ -923,7 +912,7 @@ def test_a_trigger_racing_a_purge_does_not_start_the_purged_run_again():
             tenant_id="default", run_id=failed, workflow_name="t-fail", purged_at=timezone.now()
         )
         purge = _purge_process("--finished-before", "PT0S")
-        wait_for(lambda: _blocked("kw-purge"), "the purge to reach its tombstone")
+        wait_for(lambda: waits_for_a_lock("kw-purge"), "the purge to reach its tombstone")
         # The same key again: the run's first event is deleted, not yet committed.
         child = subprocess.Popen(
             [sys.executable, "-c", TRIGGER, key],
@@ -932,7 +921,7 @@ def test_a_trigger_racing_a_purge_does_not_start_the_purged_run_again():
             stderr=subprocess.PIPE,
             text=True,
         )
-        wait_for(lambda: _blocked("kw-trigger"), "the trigger's run to wait for the purge")
+        wait_for(lambda: waits_for_a_lock("kw-trigger"), "the trigger's run to wait for the purge")
         transaction.set_rollback(True)  # let the purge write its own tombstone
     out, err = purge.communicate(timeout=120)
     assert purge.returncode == 0, err

@@ -173,11 +173,12 @@ def test_a_scanned_wait_is_still_woken():
     # t-event's match is keyed; give one run a match with no equality by
     # resuming a pending row whose stored match requires none.
     run_id = _wait("u-scan")
-    row = WorkflowRunPending.objects.get(run_id=run_id)
     assert registry.get("t-event") is not None
-    row.match_expr = {"version": 1, "expr": atom(["score"], "gte", value=5)}
-    row.match_scan = True
-    row.save()
+    # An UPDATE of these two columns (Model.save() would set tenant_id too, which
+    # distributed tables refuse even at its own value).
+    WorkflowRunPending.objects.filter(run_id=run_id).update(
+        match_expr={"version": 1, "expr": atom(["score"], "gte", value=5)}, match_scan=True
+    )
     WorkflowWaitKey.objects.filter(run_id=run_id).delete()
     event = append_event(uuid.uuid4(), "user", "t.verified", {"user_id": "x", "score": 9})
     assert wake_for_event(event)
@@ -330,6 +331,12 @@ def _statements(run):
     return [sql for sql in seen if not sql.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
 
 
+@pytest.mark.not_citus(
+    reason="it counts an awaited append's statements on the plain path, where the wake-up "
+    "check rides in the insert; on distributed tables the check is a statement of its own, "
+    "and a stream's first event is several (the id's draw, two inserts, the question to "
+    "every shard, a savepoint and its release)"
+)
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_awaited_appends_nobody_waits_for_are_an_insert_each_and_one_settling_statement():

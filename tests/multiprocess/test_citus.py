@@ -276,6 +276,36 @@ def test_event_ids_come_from_the_coordinators_sequence_in_append_order():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_nothing_is_prepared_so_no_generic_plan_is_refused():
+    """Citus refuses a generic plan of an append's INSERT ... SELECT ("could not create
+    distributed plan"), which PostgreSQL settles on after five runs of a prepared statement
+    (sooner on tables never analysed; here at once): nothing is prepared on distributed
+    tables, so every shape of append runs again and again."""
+    from kumiko_workflows import load_stream
+
+    connection.close()  # a connection of its own, whose hot cursor is made here
+    with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+    stream = uuid.uuid4()
+    try:
+        for version in range(8):  # the first event, then "after" and "next" in turn
+            expected = version if version % 2 else None
+            append_event(stream, "generic", "t.generic", {}, "generic", expected)
+        for _ in range(8):  # new streams: "next" finds none, then "first"
+            append_event(uuid.uuid4(), "generic", "t.generic", {}, tenant_id="generic")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                ["%kumiko_workflows_%"],
+            )
+            assert cursor.fetchone()[0] == 0
+    finally:
+        connection.close()
+    versions = [event.version for event in load_stream(stream, tenant_id="generic")]
+    assert versions == list(range(1, 9))
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_stream_id_another_tenant_has_is_refused_once_and_nothing_is_left():
     from kumiko_workflows.exceptions import StreamIdentityError
 

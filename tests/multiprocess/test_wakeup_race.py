@@ -120,7 +120,8 @@ LOCK_CHILD = textwrap.dedent(
     run_id, folder = sys.argv[1], Path(sys.argv[2])
     with transaction.atomic():
         # What a worker resuming the run holds: its pending row.
-        list(WorkflowRunPending.objects.select_for_update().filter(run_id=run_id))
+        pending = WorkflowRunPending.objects.select_for_update()
+        list(pending.filter(tenant_id="default", run_id=run_id))
         (folder / "written").touch()
         deadline = time.monotonic() + 60
         while not (folder / "commit").exists() and time.monotonic() < deadline:

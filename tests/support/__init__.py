@@ -25,6 +25,38 @@ def on_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
+def waits_for_a_lock(application_name: str | None = None) -> bool:
+    """Whether a backend of this test database (of that process, if named) waits for a lock now.
+
+    On distributed tables (Citus) a lock on a row is taken on the worker that
+    holds it, where the coordinator's backend waits for the answer (as a
+    client read, not a lock): Citus's view of the cluster's lock waits says
+    which of the coordinator's backends wait there.
+    """
+    from kumiko_workflows.store import distribution
+
+    named = "" if application_name is None else " AND application_name = %s"
+    params = [] if application_name is None else [application_name]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # a fresh look in this transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "  # noqa: S608
+            f"WHERE datname = current_database() AND wait_event_type = 'Lock'{named}",
+            params,
+        )
+        if cursor.fetchone()[0] > 0:
+            return True
+        if not distribution.distributed():
+            return False
+        cursor.execute(
+            "SELECT count(*) FROM citus_lock_waits w "  # noqa: S608
+            "JOIN citus_stat_activity a ON a.global_pid = w.waiting_gpid "
+            f"WHERE a.datname = current_database(){named}",
+            params,
+        )
+        return cursor.fetchone()[0] > 0
+
+
 def trigger(type: str, tenant_id: str = "default", **payload: Any):
     """Append a domain event (which may start runs) and return it."""
     from kumiko_workflows import append_event
