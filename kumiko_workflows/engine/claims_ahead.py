@@ -24,8 +24,11 @@ class Ahead:
     Only without savepoints (an error then rolls the whole batch back, the
     row claimed ahead with it), for a slot left in the batch, and while the
     batch is neither past ``BATCH_SECONDS`` nor stopping when that statement
-    runs (:class:`~kumiko_workflows.store.claims.NextClaim`). A row claimed
-    ahead is held until it is resumed, in this batch.
+    runs (:class:`~kumiko_workflows.store.claims.NextClaim`); never after a
+    run that commits on its own (``commit="per_run"``, a limit), on Citus, or
+    in a compensating run (whose first event is written before the rest of
+    its undo code runs). A row claimed ahead is held until it is resumed, in
+    this batch.
     """
 
     def __init__(

@@ -24,6 +24,7 @@ from kumiko_workflows.models import (
     SuspensionType,
     WorkflowRunPending,
 )
+from kumiko_workflows.store import claims
 from kumiko_workflows.store.streams import (
     AWAITED_EVENT_UNAVAILABLE,
     DEFINITION_CHANGED,
@@ -207,7 +208,13 @@ def resume_row(row: WorkflowRunPending, trigger: Event | None, now: datetime) ->
         # moved to another version waits at another position, for the same).
         ctx.resumed_group = (row.step, row.awaits_key)
     if row.suspension_type == SuspensionType.COMPENSATE:
-        return compensation.compensate(workflow, stream, ctx, state, opening, now), True
+        # Its first event is written before the rest of its undo code runs:
+        # the batch's next row is claimed after this run, not ahead with it.
+        token = claims.next_claim.set(None)
+        try:
+            return compensation.compensate(workflow, stream, ctx, state, opening, now), True
+        finally:
+            claims.next_claim.reset(token)
     if row.suspension_type == SuspensionType.EVENT:
         awaited_event = events.get(row.awaited_event_id) if row.awaited_event_id else None
         if awaited_event is None:

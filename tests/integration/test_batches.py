@@ -203,3 +203,53 @@ def test_a_row_claimed_by_the_run_before_it_is_resumed_even_when_the_pass_stops(
     assert WorkflowRunPending.objects.filter(run_id__in=runs).count() == 3
     again = resume_due_runs()
     assert (again.resumed, again.completed) == (3, 3)
+
+
+SEEN_PENDING: list[bool] = []
+
+
+def _fails(ctx):
+    raise RuntimeError("the last step fails")
+
+
+def _undo_second(ctx):
+    pass
+
+
+def _undo_first(ctx):
+    # The run's second compensation: its first was written already.
+    SEEN_PENDING.append(
+        WorkflowRunPending.objects.filter(run_id=ctx.event.payload["next"]).exists()
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_compensating_run_claims_no_row_before_its_last_undo_has_run(now):
+    """On PostgreSQL a run's last statement may claim the batch's next row; a
+    compensation's first event is written before its other undo code runs, so
+    that row is claimed after the run, not with that event (it is not held
+    while the undo code runs)."""
+    saga = define_workflow(
+        name="t-undo-in-batch",
+        trigger=on_event("t.undo-in-batch"),
+        idempotency_key=w.run_key,
+        steps=[
+            steps.compute("first", lambda ctx: 1, compensate=_undo_first),
+            steps.compute("second", lambda ctx: 2, compensate=_undo_second),
+            steps.compute("fails", _fails),
+        ],
+        register=False,
+    )
+    SEEN_PENDING.clear()
+    with registry.override(saga):
+        # Due after the compensation, so claimed behind it in the same batch.
+        quick = trigger("t.wait", **{"for": (now + _SECOND).isoformat()})
+        next_run = run_id_for("t-wait", quick.payload["run_key"])
+        failing = trigger("t.undo-in-batch", next=str(next_run))
+        run = run_id_for("t-undo-in-batch", failing.payload["run_key"])
+        assert types_of(run)[-1] == et.COMPENSATION_SCHEDULED
+        report = resume_due_runs(now=now + 3 * _SECOND)
+    assert SEEN_PENDING == [True]
+    assert (report.resumed, report.completed, report.failed) == (2, 1, 1)
+    assert types_of(next_run)[-1] == et.RUN_COMPLETED
