@@ -1481,7 +1481,8 @@ class Bench:
         With ``--dashboard-data NAME`` (PostgreSQL), a copy of database NAME
         if it holds data seeded for as many runs, never analysed (0 seconds);
         else seeded, and a copy kept as NAME, before any ``ANALYZE``, for the
-        next run.
+        next run (replacing only a copy the bench kept: another database named
+        NAME is refused).
         """
         from datetime import datetime
 
@@ -1492,6 +1493,12 @@ class Bench:
         kept = self.dashboard_data if self.vendor == "postgresql" and not citus else None
         marker = f"kumiko_bench dashboard runs={runs} now="
         comment = self.scratch.comment_of(kept) if kept else None
+        if kept and comment is not None and not comment.startswith("kumiko_bench dashboard "):
+            # Only the bench's own copies are replaced: never a database it did not make.
+            raise RuntimeError(
+                f"--dashboard-data {kept}: database {kept} exists and is not one the bench "
+                "kept (its comment does not say so); name another database, or drop it first"
+            )
         if kept and comment and comment.startswith(marker):
             self.scratch.renew_from(kept)
             self.out(f"DASHBOARD copied runs={runs} from={kept} ({comment})")

@@ -8,6 +8,7 @@ file on SQLite), so the test database must come out of it unwritten.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -207,6 +208,21 @@ def test_a_failing_scenario_still_stops_its_workers_and_drops_its_database(monke
     assert workers and all(proc.poll() is not None for proc in workers)
     assert not _database_exists(_scratch_name(out.getvalue()))
     assert_untouched(configured, tables)
+
+
+@pytest.mark.postgres
+def test_dashboard_data_never_replaces_a_database_the_bench_did_not_keep():
+    name = f"kumiko_not_the_benchs_{os.getpid()}"
+    with connection._nodb_cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
+    try:
+        args = ("--scenario", "dashboard", "--n", "100", "--dashboard-data", name)
+        with registry.override(), pytest.raises(CommandError, match="not one the bench kept"):
+            call_command("kumiko_bench", *args, *QUICK, stdout=StringIO())
+        assert _database_exists(name)
+    finally:
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {connection.ops.quote_name(name)}")
 
 
 def test_debug_on_is_refused(settings):

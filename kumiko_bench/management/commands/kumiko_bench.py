@@ -68,7 +68,8 @@ class Command(BaseCommand):
             metavar="NAME",
             help="PostgreSQL: the dashboard scenario copies its data from database NAME when "
             "NAME holds data of the same size (skipping the seed), else seeds and keeps a copy "
-            "as NAME, never analysed, for the next run. NAME is not dropped: drop it when done.",
+            "as NAME, never analysed, for the next run (an existing NAME the bench did not keep "
+            "is refused). NAME is not dropped: drop it when done.",
         )
         parser.add_argument("--json", metavar="PATH", help="Also write the results as JSON.")
         parser.add_argument("--worker", help="internal: run as a worker process")
