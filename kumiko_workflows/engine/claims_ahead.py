@@ -14,8 +14,8 @@ from collections.abc import Callable, Collection
 from datetime import datetime
 
 from kumiko_workflows.models import Event, WorkflowRunPending
-from kumiko_workflows.store import claims, db
-from kumiko_workflows.store.distribution import distributed
+from kumiko_workflows.store import claims
+from kumiko_workflows.store.distribution import chains_inserts
 
 
 class Ahead:
@@ -43,7 +43,8 @@ class Ahead:
         self.commits_alone = commits_alone
         self.deadline = deadline
         self.should_stop = should_stop
-        self.on = not savepoints and db.chains_writes() and not distributed()
+        # The claim rides in the chained pair of a run's last two events.
+        self.on = not savepoints and chains_inserts()
         self.held: tuple[WorkflowRunPending, Event | None] | None = None
 
     def wanted(self) -> bool:
