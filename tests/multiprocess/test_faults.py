@@ -32,6 +32,17 @@ def _backends(application_name: str) -> list[int]:
         return [pid for (pid,) in cursor.fetchall()]
 
 
+def _listening(application_name: str) -> list[int]:
+    """The pids of its backends whose (last) statement was a LISTEN: a worker's listener."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+            " AND left(query, 7) = 'LISTEN '",
+            [application_name],
+        )
+        return [pid for (pid,) in cursor.fetchall()]
+
+
 def _status(run_id) -> str | None:
     return WorkflowRun.objects.filter(run_id=run_id).values_list("status", flat=True).first()
 
@@ -118,8 +129,10 @@ def test_connection_terminated_by_the_server_mid_loop_is_survived(tmp_path, past
             held, running = _blocking_run("t-blocking", "t.blocking", tmp_path, past)
             behind = [_due_wait_run(later) for _ in range(2)]
         wait_for(running.exists, "the worker to enter the blocking step")
+        # Its connection, in the step's transaction, and its LISTEN connection.
         killed = _backends(name)
         assert killed, "the worker's backends are not in pg_stat_activity"
+        assert set(_listening(name)) & set(killed), "the worker's listener is not among them"
         with connection.cursor() as cursor:
             for pid in killed:
                 cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
@@ -130,8 +143,11 @@ def test_connection_terminated_by_the_server_mid_loop_is_survived(tmp_path, past
         after = _due_wait_run(past)
         wait_for(lambda: _status(after) == "completed", "the loop to go on after reconnecting")
         assert worker.alive(), worker
-        new_backends = _backends(name)
-        assert new_backends and not set(new_backends) & set(killed)
+        # Between passes that made progress the worker may hold no connection
+        # at all (CONN_MAX_AGE=0 closes it at each pass; its listener comes
+        # back only before it next sleeps): wait for that listener, a new one.
+        relistening = wait_for(lambda: _listening(name), f"the worker to LISTEN again {worker!r}")
+        assert not set(relistening) & set(killed), (relistening, killed)
     finally:
         code = worker.stop()
     assert code == 0, worker
