@@ -24,7 +24,6 @@ import pytest
 
 from tests.multiprocess import test_database_alias
 from tests.support import REPO, subprocess_env
-from tests.support.faults import wait_for
 
 # Fixtures: two databases (two PostgreSQL databases, or two SQLite files), migrated.
 two_databases = test_database_alias.two_databases
@@ -208,14 +207,10 @@ def test_racing_relays_relay_each_leftover_once_each_stream_in_order(site_and_en
         )
         for _ in range(4)
     ]
-    # Go once all four are connected and waiting (or one has already died).
-    wait_for(
-        lambda: (
-            len(list(tmp_path.glob("go.ready.*"))) == len(racers)
-            or any(racer.poll() is not None for racer in racers)
-        ),
-        "the racers to be ready",
-    )
+    # Go once all four are connected and waiting.
+    for racer in racers:
+        line = racer.stdout.readline()
+        assert line.strip() == "ready", f"a racer did not start: {line!r}"
     go.touch()
     reports = []
     for racer in racers:

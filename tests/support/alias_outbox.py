@@ -14,8 +14,8 @@ helpers this uses.
     the relay's commit on the engine's database, before the outbox row is deleted.
 ``python -m tests.support.alias_outbox leave STREAMS ROWS``  leaves STREAMS x ROWS plain
     appends in the outbox (killed after the commit) and prints their stream ids.
-``python -m tests.support.alias_outbox race GO BATCH``  connects, writes GO.ready.PID, waits for
-    the file GO, then relays BATCH rows a round; prints how many it relayed.
+``python -m tests.support.alias_outbox race GO BATCH``  connects, prints ``ready``, waits for the
+    file GO, then relays BATCH rows a round; prints how many it relayed.
 ``python -m tests.support.alias_outbox read KEY``       one JSON line: what KEY's case left.
 ``python -m tests.support.alias_outbox streams ID...``  one JSON line: each stream's ``seq`` values
     in version order.
@@ -271,8 +271,7 @@ def race(go: str, batch: int) -> None:
     connections["default"].ensure_connection()
     connections[ENGINE].ensure_connection()
     # Ready: the test touches GO once every racer is, so none starts alone.
-    with open(f"{go}.ready.{os.getpid()}", "w"):
-        pass
+    print("ready", flush=True)
     while not os.path.exists(go):
         time.sleep(0.005)
     report = outbox.relay_leftovers(append_event)
