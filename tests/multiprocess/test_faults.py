@@ -24,21 +24,13 @@ from tests.support.faults import Proxy, Worker, database_url, free_port, wait_fo
 COMPLETED_RUN = [et.RUN_STARTED, et.WAITING, et.RESUMED, et.RUN_COMPLETED]
 
 
-def _backends(application_name: str) -> list[int]:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [application_name]
-        )
-        return [pid for (pid,) in cursor.fetchall()]
-
-
-def _listening(application_name: str) -> list[int]:
-    """The pids of its backends whose (last) statement was a LISTEN: a worker's listener."""
+def _backends(application_name: str, *, listening: bool = False) -> list[int]:
+    """Its backends' pids; ``listening``: only those whose (last) statement was a LISTEN."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
-            " AND left(query, 7) = 'LISTEN '",
-            [application_name],
+            " AND (NOT %s OR left(query, 7) = 'LISTEN ')",
+            [application_name, listening],
         )
         return [pid for (pid,) in cursor.fetchall()]
 
@@ -132,7 +124,9 @@ def test_connection_terminated_by_the_server_mid_loop_is_survived(tmp_path, past
         # Its connection, in the step's transaction, and its LISTEN connection.
         killed = _backends(name)
         assert killed, "the worker's backends are not in pg_stat_activity"
-        assert set(_listening(name)) & set(killed), "the worker's listener is not among them"
+        assert set(_backends(name, listening=True)) & set(killed), (
+            "the worker's listener is not among them"
+        )
         with connection.cursor() as cursor:
             for pid in killed:
                 cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
@@ -146,7 +140,9 @@ def test_connection_terminated_by_the_server_mid_loop_is_survived(tmp_path, past
         # Between passes that made progress the worker may hold no connection
         # at all (CONN_MAX_AGE=0 closes it at each pass; its listener comes
         # back only before it next sleeps): wait for that listener, a new one.
-        relistening = wait_for(lambda: _listening(name), f"the worker to LISTEN again {worker!r}")
+        relistening = wait_for(
+            lambda: _backends(name, listening=True), f"the worker to LISTEN again {worker!r}"
+        )
         assert not set(relistening) & set(killed), (relistening, killed)
     finally:
         code = worker.stop()
