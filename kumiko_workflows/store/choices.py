@@ -138,11 +138,16 @@ def distinct_values(
             lambda: _loose_scan(table, quoted, tenant is not None, nullable, wanted),
         )
     with atomic(), conn.cursor() as cursor:
+        jit = None
         if conn.vendor == "postgresql":
             # The planner's guess at a recursive query's rows is far above the
             # few probes it makes, enough to compile it (JIT): half a second
-            # spent on a query of a few milliseconds.
-            cursor.execute("SET LOCAL jit = off")
+            # spent on a query of a few milliseconds. Off for this query alone:
+            # a SET LOCAL would last to the end of the caller's transaction.
+            cursor.execute("SELECT current_setting('jit'), set_config('jit', 'off', true)")
+            jit, _ = cursor.fetchone()
         cursor.execute(sql, [] if tenant is None else [tenant])
         values = [value for (value,) in cursor.fetchall()]
+        if jit is not None:
+            cursor.execute("SELECT set_config('jit', %s, true)", [jit])
     return sorted(values, key=lambda value: (value is None, value if value is not None else 0))

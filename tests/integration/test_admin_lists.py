@@ -110,6 +110,25 @@ def test_distinct_values_reads_each_level_and_the_empty_value():
     )
 
 
+def test_reading_filter_choices_leaves_the_caller_s_jit_setting_as_it_was():
+    """The choices' query turns JIT off for itself, not for the rest of the caller's transaction."""
+    if connection.vendor != "postgresql":
+        pytest.skip("JIT is PostgreSQL's")
+    trigger("t.fail", tenant_id="a")
+
+    def jit() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW jit")
+            return cursor.fetchone()[0]
+
+    for setting in ("on", "off", "on"):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('jit', %s, true)", [setting])
+        # The test's transaction is the caller's: the query runs at a savepoint in it.
+        assert distinct_values(WorkflowRun, ["tenant_id", "workflow_name"]) == ["t-fail"]
+        assert jit() == setting
+
+
 def _whole_table_reads(queries, table):
     """The queries that count every row of ``table`` or read its distinct values."""
     found = []
