@@ -37,10 +37,10 @@ class Ahead:
         deadline: float,
         should_stop: Callable[[], bool],
         savepoints: bool,
-        commits_alone: Callable[[WorkflowRunPending], bool],
+        commits_per_run: Callable[[WorkflowRunPending], bool],
     ) -> None:
         self.left = size
-        self.commits_alone = commits_alone
+        self.commits_per_run = commits_per_run
         self.deadline = deadline
         self.should_stop = should_stop
         # The claim rides in the chained pair of a run's last two events.
@@ -50,7 +50,7 @@ class Ahead:
     def wanted(self) -> bool:
         return time.monotonic() <= self.deadline and not self.should_stop()
 
-    def claim(
+    def next_row(
         self, tenant: str, due: datetime, passed_over: set[int], leaving: Collection[str]
     ) -> tuple[WorkflowRunPending, Event | None] | None:
         """The row claimed ahead, or the next due row claimed now (None: none due)."""
@@ -58,7 +58,7 @@ class Ahead:
         held, self.held = self.held, None
         return held if held is not None else claims.claim_due(tenant, due, passed_over, leaving)
 
-    def asking(
+    def request_after(
         self,
         row: WorkflowRunPending,
         tenant: str,
@@ -67,6 +67,6 @@ class Ahead:
         leaving: Collection[str],
     ) -> claims.NextClaim | None:
         """What to ask the statement ending ``row``'s segment to claim (None: nothing)."""
-        if not self.on or self.left <= 0 or self.commits_alone(row):
+        if not self.on or self.left <= 0 or self.commits_per_run(row):
             return None
         return claims.NextClaim(row.run_id, tenant, due, passed_over, leaving, self.wanted)

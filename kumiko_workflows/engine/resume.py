@@ -377,12 +377,14 @@ def _claim_and_resume(
             if ahead is None:
                 claimed = claims.claim_due(tenant, due, passed_over, leaving)
             else:
-                claimed = ahead.claim(tenant, due, passed_over, leaving)
+                claimed = ahead.next_row(tenant, due, passed_over, leaving)
             if claimed is None:
                 return None
             row, trigger = claimed
             request = (
-                None if ahead is None else ahead.asking(row, tenant, due, passed_over, leaving)
+                None
+                if ahead is None
+                else ahead.request_after(row, tenant, due, passed_over, leaving)
             )
             token = claims.next_claim.set(request)
             try:
