@@ -57,8 +57,9 @@ def distributed(django_db_setup: Any, django_db_blocker: Any) -> None:
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql" or not distribution.has_citus():
             pytest.fail(
-                f"CITUS_DATABASE_URL is set, but the test database ({db.described()}) is not "
-                "a Citus coordinator: set DATABASE_URL to the coordinator and pass --reuse-db"
+                "CITUS_DATABASE_URL is set, but the test database "
+                f"({db.database_description()}) is not a Citus coordinator: set DATABASE_URL "
+                "to the coordinator and pass --reuse-db"
             )
         call_command("distribute_workflow_tables", "--shard-count", "8", verbosity=0)
         assert distribution.distributed()
