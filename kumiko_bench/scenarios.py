@@ -623,10 +623,12 @@ class Bench:
 
         The engine drains at the configured ``BATCH_SIZE`` (runs per commit)
         and at ``BATCH_SIZE=1`` (a commit per run); with PostgreSQL also by
-        two workers at the configured size. In the same round, on copies of
-        the same rows, with as many processes: the per-run floor (a run per
-        transaction) beside every mode, and the batched floor (``BATCH_SIZE``
-        runs per transaction, written as sets) beside the batched modes.
+        two workers at the configured size, and by one with ``BATCH_TOGETHER``
+        (a batch's rows claimed together, their last events written together).
+        In the same round, on copies of the same rows, with as many processes:
+        the per-run floor (a run per transaction) beside every mode, and the
+        batched floor (``BATCH_SIZE`` runs per transaction, written as sets)
+        beside the batched modes.
         Every floor statement is prepared, as the engine's are.
         """
         n = self.size("drain")
@@ -642,6 +644,12 @@ class Bench:
             ("drain", 1, batch, f"BATCH_SIZE={batch}"),
             ("drain_batch1", 1, 1, "BATCH_SIZE=1, a commit per run"),
             *((("drain_2", 2, batch, f"BATCH_SIZE={batch}"),) if two else ()),
+            # A batch's rows claimed together, its runs' last events written together.
+            *(
+                (("drain_together", 1, batch, f"BATCH_SIZE={batch}, BATCH_TOGETHER"),)
+                if two
+                else ()
+            ),
         ]
         engine_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
         floor_times: dict[str, list[float]] = {name: [] for name, *_ in modes}
@@ -651,7 +659,8 @@ class Bench:
                 self.fresh_database()
                 run_ids = self.seed_due_runs(n)
                 self.keep_seeded_pending()
-                procs = self.start_workers("drain", workers, "--batch-size", str(size))
+                mode = "drain_together" if name == "drain_together" else "drain"
+                procs = self.start_workers(mode, workers, "--batch-size", str(size))
                 seconds, reports = self.go(procs)
                 if any(report["batch_size"] != size for report in reports):
                     raise RuntimeError(f"{name}: the workers did not drain at BATCH_SIZE={size}")
@@ -1696,7 +1705,9 @@ def worker_main(
     use_database(scratch)
     user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
     # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
-    batch = {"BATCH_SIZE": batch_size} if batch_size is not None else {}
+    batch: dict[str, Any] = {"BATCH_SIZE": batch_size} if batch_size is not None else {}
+    if mode == "drain_together":
+        batch["BATCH_TOGETHER"] = True
     tasks = {"TASKS": bench_tasks_setting()} if mode == "tasks" else {}
     if mode == "tasks_db":
         tasks = {"TASKS": tasks_db_setting()}

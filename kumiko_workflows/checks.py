@@ -88,25 +88,35 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="kumiko_workflows.E027",
             )
         )
-    if not isinstance(workflow_settings.REUSE_PURGED_KEYS, bool):
-        errors.append(
-            checks.Error(
-                "KUMIKO_WORKFLOWS['REUSE_PURGED_KEYS'] must be True or False, "
-                f"got {workflow_settings.REUSE_PURGED_KEYS!r}.",
-                hint="False (the default) keeps a purged run's idempotency key used.",
-                id="kumiko_workflows.E028",
+    switches = (
+        (
+            "REUSE_PURGED_KEYS",
+            "E028",
+            "False (the default) keeps a purged run's idempotency key used.",
+        ),
+        (
+            "PREPARED_STATEMENTS",
+            "E029",
+            "True (the default) prepares the engine's hot statements on PostgreSQL; "
+            "False behind a pooler that cannot keep prepared statements.",
+        ),
+        (
+            "BATCH_TOGETHER",
+            "E030",
+            "False (the default) claims each row of a batch when its turn comes; True "
+            "claims a batch's rows together and writes their runs' last events together.",
+        ),
+    )
+    for key, number, hint in switches:
+        value = getattr(workflow_settings, key)
+        if not isinstance(value, bool):
+            errors.append(
+                checks.Error(
+                    f"KUMIKO_WORKFLOWS[{key!r}] must be True or False, got {value!r}.",
+                    hint=hint,
+                    id=f"kumiko_workflows.{number}",
+                )
             )
-        )
-    if not isinstance(workflow_settings.PREPARED_STATEMENTS, bool):
-        errors.append(
-            checks.Error(
-                "KUMIKO_WORKFLOWS['PREPARED_STATEMENTS'] must be True or False, "
-                f"got {workflow_settings.PREPARED_STATEMENTS!r}.",
-                hint="True (the default) prepares the engine's hot statements on PostgreSQL; "
-                "False behind a pooler that cannot keep prepared statements.",
-                id="kumiko_workflows.E029",
-            )
-        )
     errors.extend(_weight_problems(workflow_settings.TENANT_WEIGHTS))
     head_start = workflow_settings.PRIORITY_HEAD_START
     if isinstance(head_start, timedelta):

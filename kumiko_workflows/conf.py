@@ -38,6 +38,11 @@ DEFAULTS: dict[str, Any] = {
     "PRIORITY_HEAD_START": 60.0,
     # Seconds after which a worker commits its batch early (a slow step ends it).
     "BATCH_SECONDS": 0.5,
+    # True: a batch claims its rows in one statement at its start and writes
+    # its runs' closing events in one at its end (PostgreSQL; a slow step then
+    # holds the batch's other rows until it returns). False: each row is
+    # claimed when its turn comes.
+    "BATCH_TOGETHER": False,
     # Passes in a row whose resume of a run raises before the run is failed
     # (reason resume_failed_repeatedly), so no run trips every pass for ever.
     "MAX_RESUME_ERRORS": 3,

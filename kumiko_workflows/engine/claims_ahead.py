@@ -5,6 +5,8 @@ statement that appends a resumed run's last two events also claims the
 batch's next due row (:class:`~kumiko_workflows.store.claims.NextClaim`):
 one round trip a run instead of two, and still no row is taken before the
 run ahead of it is done, so a slow step holds no row it has not reached.
+With ``BATCH_TOGETHER`` the batch's rows are claimed at once instead
+(:meth:`Ahead.claim_batch`), and those it does not reach are put back.
 """
 
 from __future__ import annotations
@@ -46,6 +48,22 @@ class Ahead:
         # The claim rides in the chained pair of a run's last two events.
         self.on = not savepoints and chains_inserts()
         self.held: tuple[WorkflowRunPending, Event | None] | None = None
+        #: Rows the batch claimed at its start (see :meth:`claim_batch`), in their order.
+        self.queue: list[tuple[WorkflowRunPending, Event | None]] = []
+
+    def claim_batch(
+        self, tenant: str, due: datetime, passed_over: set[int], leaving: Collection[str]
+    ) -> None:
+        """Claim the batch's rows at once, in one statement; none is claimed ahead after that."""
+        self.queue = claims.claim_batch(tenant, due, self.left, passed_over, leaving)
+        self.queue.reverse()  # taken from the end
+        self.on = False
+
+    def put_back(self) -> None:
+        """Put the batch's claimed rows it did not reach back as they were: due, for any worker."""
+        while self.queue:
+            row, _trigger = self.queue.pop()
+            row.save(force_insert=True)
 
     def wanted(self) -> bool:
         return time.monotonic() <= self.deadline and not self.should_stop()
@@ -56,6 +74,8 @@ class Ahead:
         """The row claimed ahead, or the next due row claimed now (None: none due)."""
         self.left -= 1
         held, self.held = self.held, None
+        if held is None and self.queue:
+            held = self.queue.pop()
         return held if held is not None else claims.claim_due(tenant, due, passed_over, leaving)
 
     def request_after(

@@ -12,16 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-
-from django.db.models import F
 
 from kumiko_workflows import telemetry
 from kumiko_workflows.conf import workflow_settings
 from kumiko_workflows.engine import children, deploys
 from kumiko_workflows.engine.claims_ahead import Ahead
+from kumiko_workflows.engine.resume_errors import count_unwound
 from kumiko_workflows.engine.resume_row import resume_row
 from kumiko_workflows.engine.run_controls import check_name
 from kumiko_workflows.engine.wakeups import (
@@ -32,20 +31,15 @@ from kumiko_workflows.exceptions import (
     InvalidArgument,
 )
 from kumiko_workflows.models import (
+    SuspensionType,
     WorkflowRunPending,
 )
 from kumiko_workflows.projections import children as fan_in
-from kumiko_workflows.store import claims, db, outbox
+from kumiko_workflows.store import batch_writes, claims, db, outbox, waiting_pairs
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
 from kumiko_workflows.store.events import append_event
-from kumiko_workflows.store.streams import (
-    RESUME_FAILED_REPEATEDLY,
-    RunStream,
-    fail_run,
-    failure_from_exception,
-)
-from kumiko_workflows.workflow import clock, suspensions
+from kumiko_workflows.workflow import clock
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow.arguments import int_between
 from kumiko_workflows.workflow.registry import registry
@@ -309,9 +303,18 @@ def _drain_tenant(
     besides the engine's reacts to run events (see :func:`needs_savepoints`), and
     otherwise with the batch, as a crash would: then the batch's other runs
     are resumed again, and their steps run again.
+
+    With ``BATCH_TOGETHER`` (PostgreSQL, no savepoints), a batch claims its
+    rows in one statement at its start instead, and its runs' closing
+    events wait to be written in one at its end
+    (:mod:`kumiko_workflows.store.batch_writes`): a slow step then holds the
+    batch's other rows until it returns, and rows not reached when the batch
+    ends early are put back. If those writes fail, the batch is rolled back
+    and resumed again a row at a time, where an error names its run.
     """
     batch_size = max(1, int(workflow_settings.BATCH_SIZE))
     claims = 0
+    wanted = together = workflow_settings.BATCH_TOGETHER is True
     while True:
         remaining = None if limit is None else limit - report.processed
         if share is not None:
@@ -326,28 +329,52 @@ def _drain_tenant(
                 savepoints = needs_savepoints()
                 deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
                 ahead = Ahead(size, deadline, should_stop, savepoints, _commits_per_run)
-                for _ in range(size):
-                    # A row claimed ahead is resumed whatever comes: it is held.
-                    if should_stop() and ahead.held is None:
-                        break
-                    done = _claim_and_resume(
-                        tenant, now, clock(), passed_over, batch, savepoints, leaving, ahead
-                    )
-                    if done is None:
-                        drained = True
-                        break
-                    claims += 1
-                    if (done or time.monotonic() > deadline) and ahead.held is None:
-                        break  # commit now
+                writes: batch_writes.BatchWrites | None = None
+                with ExitStack() as stack:
+                    if ahead.on and size > 1 and together:
+                        # The batch's rows claimed in one statement, their closing
+                        # events written in one at its end.
+                        ahead.claim_batch(tenant, now, passed_over, leaving)
+                        writes = stack.enter_context(batch_writes.writing_at_the_end())
+                    for _ in range(size):
+                        # A row claimed ahead is resumed whatever comes: it is held.
+                        if should_stop() and ahead.held is None:
+                            break
+                        done = _claim_and_resume(
+                            tenant, now, clock(), passed_over, batch, savepoints, leaving, ahead
+                        )
+                        if done is None:
+                            drained = True
+                            break
+                        claims += 1
+                        if done and writes is not None:
+                            # Runs that commit alone: the rest of the turn row by row,
+                            # not a batch's rows claimed to resume one.
+                            wanted = False
+                        if (done or time.monotonic() > deadline) and ahead.held is None:
+                            break  # commit now
+                    ahead.put_back()  # rows the batch claimed and did not reach
+                    if writes is not None and writes.flush():
+                        # Their projections may have made rows due (a gate's next
+                        # run, a wait of no time): look again before leaving.
+                        drained = False
                 # Children that ended in the batch, counted in their fan-ins at once.
                 children.count_batch(children.starter())
+        except batch_writes.SetWritesFailed:
+            # Not one run's to blame: this batch again, a row at a time.
+            logger.warning(
+                "a batch's writes failed; its runs are resumed again one by one", exc_info=True
+            )
+            together = False
+            continue
         except _Unwound as unwound:
-            if _count_unwound(unwound.row, unwound.error):
+            if count_unwound(unwound.row, unwound.error):
                 report.failed += 1
             else:
                 report.errors += 1
             continue
         report.add(batch)
+        together = wanted
         if drained:
             return True
 
@@ -387,12 +414,22 @@ def _claim_and_resume(
                 else ahead.request_after(row, tenant, due, passed_over, leaving)
             )
             token = claims.next_claim.set(request)
+            writes: batch_writes.BatchWrites | None = waiting_pairs.batch_writes.get()
+            if writes is not None and row.suspension_type != SuspensionType.COMPENSATE:
+                # Its segment's closing events may wait for the batch's end (a
+                # compensation's go on after its first; a run committing alone
+                # writes at once).
+                writes.resuming = None if _commits_per_run(row) else row
             try:
                 outcome, resumed = resume_row(row, trigger, now)
             finally:
                 claims.next_claim.reset(token)
+                if writes is not None:
+                    writes.resuming = None
             if request is not None and ahead is not None:
                 ahead.held = request.found
+    except batch_writes.SetWritesFailed:
+        raise  # the batch's, not this row's (see _drain_tenant)
     except Exception as exc:
         if row is None or db.connection_broken():
             # No row to blame, or every row after this one would fail the
@@ -404,7 +441,7 @@ def _claim_and_resume(
         passed_over.add(row.pk)
         if not savepoint:
             raise _Unwound(row, exc) from exc
-        if _count_unwound(row, exc):
+        if count_unwound(row, exc):
             batch.failed += 1
         else:
             batch.errors += 1
@@ -426,62 +463,3 @@ def needs_savepoints() -> bool:
     does, which rolls the batch back like a crash.
     """
     return projections.foreign_handlers(et.run_events()) or others_listen_to_post_save()
-
-
-def _count_unwound(row: WorkflowRunPending, exc: Exception) -> bool:
-    """:func:`_resume_raised` once the claim of ``row`` was rolled back.
-
-    The row is counted only if it is still the same suspension and nobody
-    holds it (another worker may have taken it meanwhile).
-    """
-    with db.atomic():
-        held = (
-            WorkflowRunPending.objects.select_for_update(skip_locked=True)
-            .filter(tenant_id=row.tenant_id, pk=row.pk, run_version=row.run_version)
-            .exists()
-        )
-        return held and _resume_raised(row, exc)
-
-
-def max_resume_errors() -> int:
-    """Passes in a row whose resume raises before the run is failed (at least 1)."""
-    return max(1, int(workflow_settings.MAX_RESUME_ERRORS))
-
-
-def _resume_raised(row: WorkflowRunPending, exc: Exception) -> bool:
-    """Count a pass whose resume of ``row`` raised; fail the run at the limit.
-
-    Returns whether the run was failed (``resume_failed_repeatedly``, after
-    ``MAX_RESUME_ERRORS`` passes in a row): nothing is retried for ever. The
-    count is on the pending row, which this transaction holds, and commits
-    with the batch; the row's savepoint has rolled the resume itself back.
-    """
-    try:
-        with db.atomic():
-            WorkflowRunPending.objects.filter(tenant_id=row.tenant_id, pk=row.pk).update(
-                resume_errors=F("resume_errors") + 1
-            )
-        row.resume_errors += 1
-        if row.resume_errors < max_resume_errors():
-            return False
-        failure = failure_from_exception(
-            RESUME_FAILED_REPEATEDLY,
-            row.step,
-            f"resuming the run raised on {row.resume_errors} passes in a row:",
-            exc,
-        )
-        with db.atomic():
-            fail_run(
-                RunStream.of_pending(row),
-                failure,
-                state=row.state,
-                retry_from=row.step,
-                suspension=suspensions.standing(row),
-            )
-    except Exception:
-        if db.connection_broken():
-            raise
-        # Not even this could be written: the next pass tries again.
-        logger.exception("run=%s: its failed resume could not be counted or failed", row.run_id)
-        return False
-    return True

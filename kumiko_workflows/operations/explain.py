@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kumiko_workflows.engine import wakeups
-from kumiko_workflows.engine.resume import max_resume_errors
+from kumiko_workflows.engine.resume_errors import max_resume_errors
 from kumiko_workflows.engine.run_controls import rerun_refusal
 from kumiko_workflows.models import (
     Event,

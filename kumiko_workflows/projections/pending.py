@@ -25,7 +25,7 @@ from kumiko_workflows.models import (
 )
 from kumiko_workflows.projections.run_status import is_run_event
 from kumiko_workflows.store import db, statements
-from kumiko_workflows.store.streams import is_cleared
+from kumiko_workflows.store.pending_hint import is_cleared
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, priorities, suspensions
 

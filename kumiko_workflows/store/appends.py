@@ -172,6 +172,41 @@ def _build_pair(folded: tuple[str, ...], claim: tuple[str, str] | None = None) -
     return chain + ", c AS (" + delete + ") SELECT 1, NULL, NULL, " + claimed + events
 
 
+def batch_pairs_sql() -> str:
+    """The insert of a worker batch's closing pairs (:mod:`kumiko_workflows.store.batch_writes`).
+
+    One statement for every run's two events, the columns as arrays: each
+    row written only after its stream's expected version (of the same
+    aggregate type), as a run's own append checks, and a version taken left
+    out; returns (id, aggregate_id, version) of each row written.
+    """
+
+    def build() -> str:
+        ops = engine().ops
+        table = ops.quote_name(Event._meta.db_table)
+        columns = ", ".join(ops.quote_name(c) for c in (*EVENT_COLUMNS, "version"))
+        return (
+            f"INSERT INTO {table} ({columns}) "  # noqa: S608 - identifiers
+            "SELECT x.c0, x.c1, x.c2, x.c3, x.c4, x.c5::jsonb, x.c6::jsonb, x.c7, x.c8, x.c9 "
+            # EVENT_COLUMNS as arrays, the version, and the stream's before the pair.
+            "FROM unnest(%s::text[], %s::uuid[], %s::text[], %s::text[], %s::int[], "
+            "%s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::int[], %s::int[]) "
+            "AS x(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10) "
+            f"WHERE EXISTS (SELECT 1 FROM {table} p WHERE p.tenant_id = x.c0 "
+            "AND p.aggregate_id = x.c1 AND p.version = x.c10 AND p.aggregate_type = x.c2) "
+            "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING "
+            "RETURNING id, aggregate_id, version"
+        )
+
+    return statement(("batch_pairs",), build)
+
+
+def run_many(sql: str, rows: list[list[Any]], conn: BaseDatabaseWrapper | None = None) -> None:
+    """Execute ``sql`` once for each of ``rows`` on the hot cursor, pipelined by the driver."""
+    with hot_cursor(conn) as cursor:
+        cursor.executemany(sql, rows)
+
+
 def run_insert(
     sql: str, params: list[Any], conn: BaseDatabaseWrapper | None = None
 ) -> list[tuple[Any, ...]]:

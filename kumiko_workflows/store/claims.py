@@ -108,11 +108,15 @@ def claimed_row(tenant_id: str, found: Sequence[Any]) -> tuple[WorkflowRunPendin
     return row, trigger
 
 
-def _claim_parts(held: bool, shape: tuple[int, int, int], chained: bool) -> tuple[str, str]:
+def _claim_parts(
+    held: bool, shape: tuple[int, int, int], chained: bool, many: bool = False
+) -> tuple[str, str]:
     """The claim's ``DELETE … RETURNING`` (chained) or ``SELECT`` (not), and its select list.
 
     Chained: (the ``DELETE`` of the row, to be named ``c`` in a ``WITH``;
     the select list and join reading it). Not chained: (the whole ``SELECT``, "").
+    ``many`` (chained only): the ``DELETE`` takes up to a number of rows, a
+    parameter after the others of its ``WHERE``.
     """
     ops = engine().ops
     pending, event = WorkflowRunPending._meta, Event._meta
@@ -142,10 +146,12 @@ def _claim_parts(held: bool, shape: tuple[int, int, int], chained: bool) -> tupl
             f"LEFT JOIN {ops.quote_name(event.db_table)} e "
             "ON e.id = c.trigger_event_id AND e.tenant_id = %s"
         )
+        taken = "id = ANY(ARRAY(" if many else "id = ("
         delete = (
-            f"DELETE FROM {table} WHERE tenant_id = %s AND id = ("  # noqa: S608
-            f"SELECT id FROM {table} WHERE {where} ORDER BY {order} LIMIT 1 "
-            f"FOR UPDATE SKIP LOCKED) RETURNING {returned}"
+            f"DELETE FROM {table} WHERE tenant_id = %s AND {taken}"  # noqa: S608
+            f"SELECT id FROM {table} WHERE {where} ORDER BY {order} "
+            f"LIMIT {'%s' if many else '1'} FOR UPDATE SKIP LOCKED){')' if many else ''} "
+            f"RETURNING {returned}"
         )
         return delete, f"{row_columns}, {event_columns} FROM c {join}"
     join = (
@@ -157,6 +163,34 @@ def _claim_parts(held: bool, shape: tuple[int, int, int], chained: bool) -> tupl
         f"WHERE {where} ORDER BY {order} LIMIT 1"
     )
     return select, ""
+
+
+def claim_batch(
+    tenant_id: str, now: datetime, count: int, passed_over: set[int], leaving: Collection[str] = ()
+) -> list[tuple[WorkflowRunPending, Event | None]]:
+    """Take up to ``count`` of the tenant's due rows in one statement, in :func:`claim_due`'s order.
+
+    Where the database chains writes (PostgreSQL) only: the rows a worker
+    batch resumes, claimed at its start (see
+    :func:`kumiko_workflows.engine.resume._drain_tenant`). The rows held back
+    by their claim instant are left to :func:`claim_due`, which the batch
+    falls back to once these are resumed.
+    """
+    assert chains_writes(), "a batch's claim is one statement where writes chain"
+    skip, foreign, only = sorted(passed_over), sorted(leaving), claim_only.get() or ()
+    shape = (len(skip), len(foreign), len(only))
+
+    def build() -> str:
+        delete, rest = _claim_parts(False, shape, True, many=True)
+        # Both parts are statements of identifiers and placeholders (_claim_parts).
+        return "WITH c AS (" + delete + ") SELECT " + rest + " ORDER BY c.claim_at, c.id"
+
+    sql = statement(("claim_batch", *shape), build)
+    params: list[Any] = [tenant_id, tenant_id, now, now, *skip, *foreign, *only, count, tenant_id]
+    with hot_cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    return [claimed_row(tenant_id, row) for row in found]
 
 
 def _build_claim(held: bool, shape: tuple[int, int, int], chained: bool) -> str:

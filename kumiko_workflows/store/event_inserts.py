@@ -20,7 +20,7 @@ from django.db.models.signals import post_save, pre_save
 
 from kumiko_workflows.exceptions import StreamIdentityError, VersionConflict
 from kumiko_workflows.models import Event
-from kumiko_workflows.store import appends, cursors, wake_checks
+from kumiko_workflows.store import appends, cursors, waiting_pairs, wake_checks
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.dispatch import Projection, others_listen_to_post_save, registry
 from kumiko_workflows.store.distribution import (
@@ -50,6 +50,7 @@ def insert(
     comes back does a second query find out why (:func:`stream_refusal`).
     """
     db = db_statements.engine()  # one lookup of the thread's connection, not one per use
+    waiting_pairs.before_writing(event.aggregate_id)  # its stream's waiting pair first
     tenant, aggregate_type = event.tenant_id, event.aggregate_type
     values = row_values(db, event, json_texts)
     aggregate = values[1]

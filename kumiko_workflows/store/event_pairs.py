@@ -16,7 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import pre_save
 
 from kumiko_workflows.models import Event
-from kumiko_workflows.store import appends, claims, statements
+from kumiko_workflows.store import appends, batch_writes, claims, statements, waiting_pairs
 from kumiko_workflows.store import db as db_statements
 from kumiko_workflows.store.dispatch import mark_applied, registry
 from kumiko_workflows.store.distribution import chains_inserts
@@ -28,6 +28,7 @@ from kumiko_workflows.store.event_inserts import (
     version_conflict,
 )
 from kumiko_workflows.store.events import prepared_event
+from kumiko_workflows.store.pending_hint import pending_cleared
 from kumiko_workflows.store.stream_ids import _engine_writing
 
 
@@ -87,6 +88,7 @@ def _insert_pair(
     expected_version: int,
 ) -> None:
     """Insert ``one`` and ``two`` in one statement and send their signals, as :func:`insert`."""
+    waiting_pairs.before_writing(one.aggregate_id)
     one_values, two_values = row_values(db, one, one_texts), row_values(db, two, two_texts)
     previous = [one_values[0], one_values[1], expected_version, one.aggregate_type]
     params = [*one_values, expected_version + 1, *previous, *two_values, expected_version + 2]
@@ -97,6 +99,13 @@ def _insert_pair(
     # (The event's version is known: expected + 2.)
     two.version = expected_version + 2
     folds = registry.folds(two)
+    writes: batch_writes.BatchWrites | None = waiting_pairs.batch_writes.get()
+    if writes is not None and writes.takes(one.aggregate_id, two.type):
+        # The run's segment ends here: written with the batch's others at its end.
+        one.version = expected_version + 1
+        hint = pending_cleared.get()
+        writes.add(batch_writes.Pair(one, one_texts, two, two_texts, expected_version, folds, hint))
+        return
     chained = []
     for _, (model, values, where) in folds:
         sql, folded_params = statements.rows_statement(

@@ -12,7 +12,6 @@ import logging
 import traceback
 import uuid
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
 from kumiko_workflows.store.event_pairs import append_engine_pair
 from kumiko_workflows.store.events import append_event
+from kumiko_workflows.store.pending_hint import pending_cleared
 from kumiko_workflows.store.stream_ids import engine_stream
 from kumiko_workflows.workflow import event_types, priorities
 
@@ -65,22 +65,6 @@ FAILURE_REASONS = (
     COMPENSATION_FAILED,
     LIMIT_KEY_FAILED,
 )
-
-#: (run id, first version, last version) of events about to be appended
-#: whose stream has no pending rows (nor wait keys) for sure: the run's
-#: pending row was deleted by the claim, or the stream's previous event was
-#: appended by the same ``RunStream`` in the same transaction and left none
-#: (a start, a resume or an end). Lets the pending projection skip a DELETE
-#: that would find nothing.
-pending_cleared: ContextVar[tuple[Any, int, int] | None] = ContextVar(
-    "kumiko_pending_cleared", default=None
-)
-
-
-def is_cleared(run_id: Any, version: int) -> bool:
-    """Whether the event of ``run_id`` at ``version`` is known to find no pending rows."""
-    hint = pending_cleared.get()
-    return hint is not None and hint[0] == run_id and hint[1] <= version <= hint[2]
 
 
 #: The events whose pending row's claim order depends on the run's priority.

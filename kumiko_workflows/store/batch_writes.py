@@ -1,0 +1,146 @@
+"""A worker batch's closing pairs, written as sets at the batch's end.
+
+Inside a batch of claimed rows (:func:`kumiko_workflows.engine.resume._drain_tenant`
+on PostgreSQL), the two events that end a resumed run's segment (the
+resume's opening event and the run's suspension or end) are not written at
+once: :func:`~kumiko_workflows.store.event_pairs.append_engine_pair` leaves
+them in the batch's :class:`BatchWrites`, and :meth:`BatchWrites.flush`
+writes every run's in one ``INSERT`` (each row checked against its stream's
+expected version, as the run's own statement would), then the run status
+rows the projections say ahead (one pipelined ``UPDATE`` per shape), then
+sends each event's ``post_save``, so the projections run as they would have
+at the append, in the batch's transaction. A run whose events are refused
+(its stream moved), a statement refused or a projection raising fails
+the whole flush (:class:`SetWritesFailed`): the caller rolls the batch back
+and resumes its rows again one at a time, where an error names its run.
+
+Only the pair that ends the claimed run's segment waits (a suspension or a
+terminal event second), and any other write to a stream with a waiting
+pair writes the batch's pairs first, so no event is ever written after a
+later one of its stream.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from kumiko_workflows.models import Event, WorkflowRunPending
+from kumiko_workflows.store import appends, event_inserts, statements, waiting_pairs
+from kumiko_workflows.store import db as db_statements
+from kumiko_workflows.store.dispatch import mark_applied, registry
+from kumiko_workflows.store.pending_hint import pending_cleared
+from kumiko_workflows.workflow import event_types as et
+
+
+class SetWritesFailed(Exception):
+    """A batch's waiting pairs could not be written, or a projection of theirs raised.
+
+    Not one run's to blame: the caller rolls the batch back and resumes its
+    rows again one at a time, each writing its own (where an error names its run).
+    """
+
+
+@dataclass
+class Pair:
+    one: Event
+    one_texts: tuple[str, str]
+    two: Event
+    two_texts: tuple[str, str]
+    expected_version: int
+    folds: list[tuple[str, Any]]
+    #: The run's pending-rows hint at the append (see RunStream.append), for its projections.
+    hint: Any
+
+
+@dataclass
+class BatchWrites:
+    """The closing pairs a batch's runs left to write at its end."""
+
+    #: The claimed row being resumed, whose closing pair may wait (None: none may).
+    resuming: WorkflowRunPending | None = None
+    pairs: dict[uuid.UUID, Pair] = field(default_factory=dict)
+
+    def takes(self, aggregate_id: uuid.UUID, closing_type: str) -> bool:
+        """Whether this pair ends the resumed run's segment, so it may wait for the batch's end."""
+        row = self.resuming
+        if row is None or row.run_id != aggregate_id:
+            return False
+        return closing_type in et.TERMINAL or et.is_suspension(closing_type)
+
+    def add(self, pair: Pair) -> None:
+        self.resuming = None  # one pair a run: nothing of its stream follows it
+        self.pairs[pair.one.aggregate_id] = pair
+
+    def flush(self) -> int:
+        """Write the waiting pairs, then their projections; how many (:class:`SetWritesFailed`)."""
+        if not self.pairs:
+            return 0
+        pairs, self.pairs = list(self.pairs.values()), {}
+        try:
+            self._write(pairs)
+        except Exception as exc:
+            if db_statements.connection_broken():
+                raise
+            raise SetWritesFailed(f"{len(pairs)} runs' last events: {exc}") from exc
+        return len(pairs)
+
+    def _write(self, pairs: list[Pair]) -> None:
+        db = db_statements.engine()
+        columns: list[list[Any]] = [[] for _ in range(11)]  # appends.batch_pairs_sql's
+        for pair in pairs:
+            for event, texts, offset in (
+                (pair.one, pair.one_texts, 1),
+                (pair.two, pair.two_texts, 2),
+            ):
+                values = event_inserts.row_values(db, event, texts)
+                for index, value in enumerate(
+                    (*values, pair.expected_version + offset, pair.expected_version)
+                ):
+                    columns[index].append(value)
+        written = {
+            (str(aggregate), version): pk
+            for pk, aggregate, version in appends.run_insert(appends.batch_pairs_sql(), columns, db)
+        }
+        for pair in pairs:
+            stream, after = str(pair.one.aggregate_id), pair.expected_version
+            if (stream, after + 1) not in written or (stream, after + 2) not in written:
+                raise event_inserts.version_conflict(pair.one, after)
+        updates: dict[str, list[list[Any]]] = {}
+        for pair in pairs:
+            for _, (model, values, where) in pair.folds:
+                sql, params = statements.rows_statement(model, "UPDATE", values, where)
+                updates.setdefault(sql, []).append(params)
+        for sql, rows in updates.items():
+            appends.run_many(sql, rows, db)
+        for pair in pairs:
+            stream, after = str(pair.one.aggregate_id), pair.expected_version
+            token = pending_cleared.set(pair.hint)
+            try:
+                event_inserts.saved(
+                    db, pair.one, (written[stream, after + 1], after + 1), _projected(pair.one)
+                )
+                mark_applied(pair.two, [name for name, _ in pair.folds])
+                event_inserts.saved(
+                    db, pair.two, (written[stream, after + 2], after + 2), _projected(pair.two)
+                )
+            finally:
+                pending_cleared.reset(token)
+
+
+def _projected(event: Event) -> bool:
+    return registry.handles(event.type)
+
+
+@contextmanager
+def writing_at_the_end() -> Iterator[BatchWrites]:
+    """Around a worker batch: closing pairs wait in the batch's :class:`BatchWrites`."""
+    writes = BatchWrites()
+    token = waiting_pairs.batch_writes.set(writes)
+    try:
+        yield writes
+    finally:
+        waiting_pairs.batch_writes.reset(token)

@@ -1,0 +1,183 @@
+"""``BATCH_TOGETHER``: a batch's rows claimed in one statement, its runs' last events in one.
+
+PostgreSQL only (where writes chain). Each run is still resumed exactly
+once: a stream that moved under the batch, a statement refused, a stop or a
+slow step in the middle each leave every run resumed once, the rows not
+reached put back as they were.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+
+import pytest
+from django.core.checks import run_checks
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
+
+from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
+from kumiko_workflows import event_types as et
+from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.workflow.registry import registry
+from tests.support import trigger, types_of
+from tests.testapp import workflows as w
+from tests.testapp.workflows import payload_value
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+
+_SECOND = timedelta(seconds=1)
+
+
+@pytest.fixture
+def together(settings):
+    settings.KUMIKO_WORKFLOWS = {
+        **settings.KUMIKO_WORKFLOWS,
+        "BATCH_TOGETHER": True,
+        "BATCH_SIZE": 50,
+    }
+
+
+def _due_runs(count, past):
+    events = [trigger("t.wait", **{"for": past}) for _ in range(count)]
+    return [run_id_for("t-wait", event.payload["run_key"]) for event in events]
+
+
+def _resumed_once(runs):
+    for run in runs:
+        assert Event.objects.filter(aggregate_id=run, type=et.RESUMED).count() == 1, run
+        assert types_of(run)[-1] == et.RUN_COMPLETED
+
+
+def test_a_batch_is_claimed_in_one_statement_and_its_events_written_in_one(together, past):
+    runs = _due_runs(12, past)
+    with CaptureQueriesContext(connection) as queries:
+        report = resume_due_runs()
+    assert (report.resumed, report.completed) == (12, 12)
+    _resumed_once(runs)
+    assert WorkflowRun.objects.filter(run_id__in=runs, status="completed").count() == 12
+    assert not WorkflowRunPending.objects.filter(run_id__in=runs).exists()
+    sql = [query["sql"] for query in queries]
+    claims = [q for q in sql if q.startswith("WITH c AS (DELETE")]
+    events = 'INSERT INTO "kumiko_workflows_event"'
+    together = [q for q in sql if q.startswith(events) and "unnest(" in q]
+    pairs = [q for q in sql if q.startswith('WITH first AS (INSERT INTO "kumiko_workflows_event"')]
+    # The batch's claim of its 12 rows, then the two looks of a row's own claim
+    # (due by claim instant, held back) that find none left; once the batch's
+    # writes may have made rows due, the same three again. One insert of the
+    # runs' 24 last events, none of a run's own.
+    assert len(claims) == 6, claims
+    assert (len(together), len(pairs)) == (1, 0)
+
+
+def test_a_stream_that_moved_under_the_batch_is_resumed_again_alone(together, past):
+    """Another writer took a run's next version: the batch rolls back and goes again a row at a
+    time, where that run's conflict is its own; every other run is resumed once."""
+    runs = _due_runs(6, past)
+    moved = runs[3]
+    row = WorkflowRunPending.objects.get(run_id=moved)
+    with connection.cursor() as cursor:  # as a racing writer would, at the run's next version
+        cursor.execute(
+            "INSERT INTO kumiko_workflows_event (tenant_id, aggregate_id, aggregate_type, type, "
+            "event_version, payload, metadata, created_by, created_at, version) "
+            "VALUES (%s, %s, %s, %s, 1, '{}', '{}', 'racer', now(), %s)",
+            [row.tenant_id, moved, et.RUN_AGGREGATE_TYPE, et.WAKE_REQUESTED, row.run_version + 1],
+        )
+    report = resume_due_runs()
+    assert (report.completed, report.errors) == (5, 1), report
+    _resumed_once([run for run in runs if run != moved])
+    assert not Event.objects.filter(aggregate_id=moved, type=et.RESUMED).exists()
+    assert WorkflowRunPending.objects.get(run_id=moved).resume_errors == 1
+
+
+def test_a_refused_statement_rolls_the_batch_back_and_it_goes_again_one_by_one(together, past):
+    runs = _due_runs(5, past)
+    refused = []
+
+    def refuse_the_batch_update(execute, sql, params, many, context):
+        if many and sql.startswith('UPDATE "kumiko_workflows_workflowrun"') and not refused:
+            refused.append(sql)
+            raise OperationalError("injected: the database refused the statement")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse_the_batch_update):
+        report = resume_due_runs()
+    assert refused, "the batch's status rows were never written together"
+    assert (report.resumed, report.completed, report.errors) == (5, 5, 0), report
+    _resumed_once(runs)
+
+
+def test_a_stop_in_the_middle_puts_the_rows_not_reached_back(together, past):
+    runs = _due_runs(5, past)
+    polls = itertools.count()
+
+    def should_stop():
+        # The pass's look, the tenant's, then one before each row: two rows resumed.
+        return next(polls) >= 4
+
+    report = resume_due_runs(should_stop=should_stop)
+    assert (report.resumed, report.completed) == (2, 2), report
+    left = WorkflowRunPending.objects.filter(run_id__in=runs)
+    assert left.count() == 3
+    assert all(row.resume_errors == 0 for row in left)
+    again = resume_due_runs()
+    assert (again.resumed, again.completed) == (3, 3)
+    _resumed_once(runs)
+
+
+def test_a_batch_past_its_seconds_commits_and_puts_the_rest_back(together, settings, past):
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_SECONDS": 1e-9}
+    runs = _due_runs(4, past)
+    with CaptureQueriesContext(connection) as queries:
+        report = resume_due_runs()
+    assert (report.resumed, report.completed) == (4, 4), report
+    _resumed_once(runs)
+    # Each batch ended after its first run: its other rows went back, due, for the next.
+    put_back = [
+        q
+        for q in queries
+        if q["sql"].startswith('INSERT INTO "kumiko_workflows_workflowrunpending"')
+    ]
+    assert len(put_back) == 3 + 2 + 1, [q["sql"][:60] for q in put_back]
+
+
+def test_runs_that_commit_alone_send_the_rest_of_the_turn_row_by_row(together, past):
+    """A claimed row whose workflow commits per run ends its batch; the batch's other rows go
+    back, and the tenant's turn goes on a row at a time (no batch claimed to resume one)."""
+    alone = define_workflow(
+        name="t-alone",
+        trigger=on_event("t.alone"),
+        idempotency_key=w.run_key,
+        steps=[steps.wait(payload_value("for", "PT0S")), steps.compute("n", lambda ctx: 1)],
+        commit="per_run",
+        register=False,
+    )
+    with registry.override(alone):
+        firsts = [trigger("t.alone", **{"for": past}) for _ in range(3)]
+        runs = _due_runs(3, past)
+        with CaptureQueriesContext(connection) as queries:
+            report = resume_due_runs()
+    assert (report.resumed, report.completed) == (6, 6), report
+    _resumed_once(runs + [run_id_for("t-alone", e.payload["run_key"]) for e in firsts])
+    batch_claims = [q for q in queries if "id = ANY(ARRAY(" in q["sql"]]
+    assert len(batch_claims) == 1, [q["sql"][:60] for q in batch_claims]
+
+
+def test_runs_that_suspend_again_are_written_together_and_resumed_later(together, now):
+    """A closing pair that suspends (a retry's wait) writes its pending row at the batch's end."""
+    events = [trigger("t.retry", fail_attempts=2) for _ in range(4)]
+    runs = [run_id_for("t-retry", event.payload["run_key"]) for event in events]
+    assert WorkflowRunPending.objects.filter(run_id__in=runs).count() == 4
+    first = resume_due_runs(now=now + timedelta(hours=1))
+    assert (first.resumed, first.suspended) == (4, 4), first
+    assert WorkflowRunPending.objects.filter(run_id__in=runs, retry_attempt=2).count() == 4
+    second = resume_due_runs(now=now + timedelta(days=1))
+    assert second.completed == 4, second
+    for run in runs:
+        assert types_of(run)[-1] == et.RUN_COMPLETED
+
+
+def test_batch_together_must_be_a_bool(settings):
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_TOGETHER": "yes"}
+    errors = [e for e in run_checks() if e.id == "kumiko_workflows.E030"]
+    assert errors and "'yes'" in errors[0].msg
