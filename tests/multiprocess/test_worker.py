@@ -173,7 +173,12 @@ def test_a_run_queued_by_a_request_starts_in_a_listening_worker_at_once():
 
 
 @pytest.mark.postgres
-def test_four_workers_race_one_is_killed_and_every_run_resumes_exactly_once(past):
+@pytest.mark.parametrize("together", [False, True], ids=["row_by_row", "batch_together"])
+def test_four_workers_race_one_is_killed_and_every_run_resumes_exactly_once(
+    past, together, monkeypatch
+):
+    if together:  # the workers claim a batch's rows and write its events together
+        monkeypatch.setenv("KUMIKO_TEST_BATCH_TOGETHER", "1")
     runs = 2000
     keys = [f"race-{i}" for i in range(runs)]
     for key in keys:
