@@ -70,7 +70,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-KUMIKO_WORKFLOWS = {
+KUMIKO_WORKFLOWS: dict[str, object] = {
     "DEFAULT_TENANT": "default",
 }
 # Worker processes a race test starts with batches claimed and written together
