@@ -59,13 +59,9 @@ def claim_due(
     without one) are taken, oldest due first: a held-back row waits for
     other due work, never for an idle worker.
     """
-    skip = sorted(passed_over)
-    foreign = sorted(leaving)
-    only = claim_only.get() or ()
+    shape, rest = _filters(passed_over, leaving)
     chained = chains_writes()
-    shape = (len(skip), len(foreign), len(only))
     ordered = statement(("claim_due", *shape), lambda: _build_claim(False, shape, chained))
-    rest: list[Any] = [*skip, *foreign, *only]
 
     def bound(params: list[Any]) -> list[Any]:
         # Chained, the DELETE and the join name the tenant too (one shard's).
@@ -92,6 +88,15 @@ def claim_due(
     if found is None:
         return None
     return claimed_row(tenant_id, found)
+
+
+def _filters(
+    passed_over: Collection[int], leaving: Collection[str]
+) -> tuple[tuple[int, int, int], list[Any]]:
+    """A claim's shape (rows passed over, definitions leaving, workflows claimed only) and
+    the parameters of those filters, in :func:`_claim_parts`'s order."""
+    skip, foreign, only = sorted(passed_over), sorted(leaving), claim_only.get() or ()
+    return (len(skip), len(foreign), len(only)), [*skip, *foreign, *only]
 
 
 def claimed_row(tenant_id: str, found: Sequence[Any]) -> tuple[WorkflowRunPending, Event | None]:
@@ -177,8 +182,7 @@ def claim_batch(
     falls back to once these are resumed.
     """
     assert chains_writes(), "a batch's claim is one statement where writes chain"
-    skip, foreign, only = sorted(passed_over), sorted(leaving), claim_only.get() or ()
-    shape = (len(skip), len(foreign), len(only))
+    shape, rest = _filters(passed_over, leaving)
 
     def build() -> str:
         delete, rest = _claim_parts(False, shape, True, many=True)
@@ -186,7 +190,7 @@ def claim_batch(
         return "WITH c AS (" + delete + ") SELECT " + rest + " ORDER BY c.claim_at, c.id"
 
     sql = statement(("claim_batch", *shape), build)
-    params: list[Any] = [tenant_id, tenant_id, now, now, *skip, *foreign, *only, count, tenant_id]
+    params = [tenant_id, tenant_id, now, now, *rest, count, tenant_id]
     with hot_cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
@@ -224,15 +228,14 @@ class NextClaim:
 
     def parts(self) -> tuple[str, str, list[Any], list[Any]]:
         """(the ``DELETE``, its select list, their parameters): see :func:`_claim_parts`."""
-        skip, foreign, only = sorted(self.passed_over), sorted(self.leaving), claim_only.get() or ()
-        shape = (len(skip), len(foreign), len(only))
+        shape, rest_params = _filters(self.passed_over, self.leaving)
         delete = statement(("claim_next", *shape), lambda: _claim_parts(False, shape, True)[0])
         rest = statement(("claim_next_rest", *shape), lambda: _claim_parts(False, shape, True)[1])
         due = self.due
         return (
             delete,
             rest,
-            [self.tenant_id, self.tenant_id, due, due, *skip, *foreign, *only],
+            [self.tenant_id, self.tenant_id, due, due, *rest_params],
             [self.tenant_id],
         )
 
