@@ -52,11 +52,13 @@ SOURCE = "kumiko-bench"
 DRAIN_WORKFLOW = "kumiko-bench-drain"
 WAKE_WORKFLOW = "kumiko-bench-wake"
 SLOW_WORKFLOW = "kumiko-bench-slow"
+SLOW_ALONE_WORKFLOW = "kumiko-bench-slow-alone"
 ONE_STEP_WORKFLOW = "kumiko-bench-one-step"
 ONE_STEP_TRIGGER = "kumiko-bench.one-step-requested"
 DRAIN_TRIGGER = "kumiko-bench.drain-requested"
 WAKE_TRIGGER = "kumiko-bench.wake-started"
 SLOW_TRIGGER = "kumiko-bench.slow-requested"
+SLOW_ALONE_TRIGGER = "kumiko-bench.slow-alone-requested"
 WAKE_EVENT = "kumiko-bench.wake-go"
 FAN_WORKFLOW = "kumiko-bench-fan-parent"
 FAN_CHILD_WORKFLOW = "kumiko-bench-fan-child"
@@ -188,6 +190,14 @@ def register_bench_workflows() -> None:
         on_event(SLOW_TRIGGER),
         idempotency_key=_key,
         steps=[wait(_wake_at), compute("nap", _nap)],
+    )
+    # The same, committing alone: claimed on its own, it holds no batch's rows.
+    define_workflow(
+        SLOW_ALONE_WORKFLOW,
+        on_event(SLOW_ALONE_TRIGGER),
+        idempotency_key=_key,
+        steps=[wait(_wake_at), compute("nap", _nap)],
+        commit="per_run",
     )
     # One parent, one child per item (scenario fan_out): each child queued for
     # a worker, as ONE_STEP_WORKFLOW's runs are; the last to finish wakes the parent.
@@ -624,7 +634,8 @@ class Bench:
         The engine drains at the configured ``BATCH_SIZE`` (runs per commit)
         and at ``BATCH_SIZE=1`` (a commit per run); with PostgreSQL also by
         two workers at the configured size, and by one with ``BATCH_TOGETHER``
-        (a batch's rows claimed together, their last events written together).
+        off (each row claimed when its turn comes, each run's last events
+        written in a statement of its own).
         In the same round, on copies of the same rows, with as many processes:
         the per-run floor (a run per transaction) beside every mode, and the
         batched floor (``BATCH_SIZE`` runs per transaction, written as sets)
@@ -644,9 +655,9 @@ class Bench:
             ("drain", 1, batch, f"BATCH_SIZE={batch}"),
             ("drain_batch1", 1, 1, "BATCH_SIZE=1, a commit per run"),
             *((("drain_2", 2, batch, f"BATCH_SIZE={batch}"),) if two else ()),
-            # A batch's rows claimed together, its runs' last events written together.
+            # Each row claimed when its turn comes, each run's last events written alone.
             *(
-                (("drain_together", 1, batch, f"BATCH_SIZE={batch}, BATCH_TOGETHER"),)
+                (("drain_row_by_row", 1, batch, f"BATCH_SIZE={batch}, BATCH_TOGETHER off"),)
                 if two
                 else ()
             ),
@@ -659,7 +670,7 @@ class Bench:
                 self.fresh_database()
                 run_ids = self.seed_due_runs(n)
                 self.keep_seeded_pending()
-                mode = "drain_together" if name == "drain_together" else "drain"
+                mode = "drain_row_by_row" if name == "drain_row_by_row" else "drain"
                 procs = self.start_workers(mode, workers, "--batch-size", str(size))
                 seconds, reports = self.go(procs)
                 if any(report["batch_size"] != size for report in reports):
@@ -949,15 +960,25 @@ class Bench:
         """Quick due runs beside one whose step sleeps: how long the quick ones wait to start.
 
         ``N`` quick runs (the drain workflow) and one slow run, due before all
-        of them, are drained by two worker processes. A quick run's start lag
-        is its ``workflow.step.resumed`` event's ``created_at`` minus the
-        moment the workers were released.
+        of them, are drained by two worker processes: ``slow_step`` with the
+        slow workflow committing with its batch (its batch's other rows wait
+        for its step), ``slow_step_alone`` with it defined
+        ``commit="per_run"`` (claimed on its own). A quick run's start lag is
+        its ``workflow.step.resumed`` event's ``created_at`` minus the moment
+        the workers were released.
         """
-        from kumiko_workflows.store.events import append_event
-
         if self.vendor != "postgresql":
             self.skip("slow_step", "SQLite allows one writer: two workers need PostgreSQL")
             return
+        for name, workflow, trigger_type in (
+            ("slow_step", SLOW_WORKFLOW, SLOW_TRIGGER),
+            ("slow_step_alone", SLOW_ALONE_WORKFLOW, SLOW_ALONE_TRIGGER),
+        ):
+            self._slow_step(name, workflow, trigger_type)
+
+    def _slow_step(self, name: str, workflow: str, trigger_type: str) -> None:
+        from kumiko_workflows.store.events import append_event
+
         n = self.size("slow_step")
         walls: list[float] = []
         p50s: list[float] = []
@@ -971,11 +992,11 @@ class Bench:
             append_event(
                 uuid.uuid4(),
                 SOURCE,
-                SLOW_TRIGGER,
+                trigger_type,
                 {"key": key, "wake_at": timezone.now().isoformat(), "seconds": self.slow_seconds},
                 tenant_id=self.tenant,
             )
-            slow = run_id_for(SLOW_WORKFLOW, key, self.tenant)
+            slow = run_id_for(workflow, key, self.tenant)
             quick = self.seed_due_runs(n)
             procs = self.start_workers("drain", 2)
             released = timezone.now()
@@ -993,9 +1014,10 @@ class Bench:
             maxes.append(max(lags))
         p50, p95, most = (statistics.median(values) for values in (p50s, p95s, maxes))
         seconds = statistics.median(walls)
+        alone = ", committing alone" if workflow == SLOW_ALONE_WORKFLOW else ""
         self.emit(
             Result(
-                "slow_step",
+                name,
                 n,
                 seconds,
                 n / seconds,
@@ -1007,13 +1029,13 @@ class Bench:
                 },
                 note=(
                     f"quick runs start after p50 {p50:.3f} s, p95 {p95:.3f} s, "
-                    f"max {most:.3f} s; one step sleeps {self.slow_seconds:g} s"
+                    f"max {most:.3f} s; one step sleeps {self.slow_seconds:g} s{alone}"
                 ),
             )
         )
         self.out(
-            f"SLOW_STEP quick_p50_s={p50:.3f} quick_p95_s={p95:.3f} quick_max_s={most:.3f} "
-            f"slow_s={self.slow_seconds:g}"
+            f"SLOW_STEP name={name} quick_p50_s={p50:.3f} quick_p95_s={p95:.3f} "
+            f"quick_max_s={most:.3f} slow_s={self.slow_seconds:g}"
         )
 
     def scenario_fairness(self) -> None:
@@ -1706,8 +1728,8 @@ def worker_main(
     user = getattr(settings, "KUMIKO_WORKFLOWS", None) or {}
     # Read lazily by the engine (kumiko_workflows.conf): this is the size it drains at.
     batch: dict[str, Any] = {"BATCH_SIZE": batch_size} if batch_size is not None else {}
-    if mode == "drain_together":
-        batch["BATCH_TOGETHER"] = True
+    if mode == "drain_row_by_row":
+        batch["BATCH_TOGETHER"] = False
     tasks = {"TASKS": bench_tasks_setting()} if mode == "tasks" else {}
     if mode == "tasks_db":
         tasks = {"TASKS": tasks_db_setting()}

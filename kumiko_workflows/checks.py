@@ -103,8 +103,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         (
             "BATCH_TOGETHER",
             "E030",
-            "False (the default) claims each row of a batch when its turn comes; True "
-            "claims a batch's rows together and writes their runs' last events together.",
+            "True (the default) claims a batch's rows together and writes their runs' last "
+            "events together; False claims each row when its turn comes.",
         ),
     )
     for key, number, hint in switches:

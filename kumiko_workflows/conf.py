@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     # its runs' closing events in one at its end (PostgreSQL; a slow step then
     # holds the batch's other rows until it returns). False: each row is
     # claimed when its turn comes.
-    "BATCH_TOGETHER": False,
+    "BATCH_TOGETHER": True,
     # Passes in a row whose resume of a run raises before the run is failed
     # (reason resume_failed_repeatedly), so no run trips every pass for ever.
     "MAX_RESUME_ERRORS": 3,

@@ -73,10 +73,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 KUMIKO_WORKFLOWS: dict[str, object] = {
     "DEFAULT_TENANT": "default",
 }
-# Worker processes a race test starts with batches claimed and written together
-# (tests/multiprocess/test_worker.py).
-if os.environ.get("KUMIKO_TEST_BATCH_TOGETHER") == "1":
-    KUMIKO_WORKFLOWS["BATCH_TOGETHER"] = True
+# Worker processes a race test starts with each batch's rows claimed when their
+# turn comes (tests/multiprocess/test_worker.py).
+if os.environ.get("KUMIKO_TEST_BATCH_TOGETHER") == "0":
+    KUMIKO_WORKFLOWS["BATCH_TOGETHER"] = False
 
 # Django's Tasks framework on this app (tests/integration/test_tasks.py); the backport on
 # Django 5.2.

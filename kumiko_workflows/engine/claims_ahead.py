@@ -1,12 +1,14 @@
-"""A worker batch's claims made ahead: each next row taken by the statement ending a run.
+"""A worker batch's claims made ahead of its runs.
 
-Inside a batch (:func:`kumiko_workflows.engine.resume._drain_tenant`) the
-statement that appends a resumed run's last two events also claims the
-batch's next due row (:class:`~kumiko_workflows.store.claims.NextClaim`):
-one round trip a run instead of two, and still no row is taken before the
-run ahead of it is done, so a slow step holds no row it has not reached.
-With ``BATCH_TOGETHER`` the batch's rows are claimed at once instead
-(:meth:`Ahead.claim_batch`), and those it does not reach are put back.
+With ``BATCH_TOGETHER`` (the default) a batch's rows are claimed at once,
+in one statement (:meth:`Ahead.claim_batch`), and those it does not reach
+are put back; the batch ends before a row that commits alone, so that run
+holds none of them. Without it, inside a batch
+(:func:`kumiko_workflows.engine.resume._drain_tenant`) the statement that
+appends a resumed run's last two events also claims the batch's next due
+row (:class:`~kumiko_workflows.store.claims.NextClaim`): one round trip a
+run instead of two, and still no row is taken before the run ahead of it
+is done, so a slow step holds no row it has not reached.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class Ahead:
         self.queue = claims.claim_batch(tenant, due, self.left, passed_over, leaving)
         self.queue.reverse()  # taken from the end
         self.on = False
+
+    def alone_next(self) -> bool:
+        """Whether the next row the batch claimed commits alone: the batch ends before it,
+        so that run holds none of the batch's rows (it is claimed again, row by row)."""
+        return bool(self.queue) and self.commits_per_run(self.queue[-1][0])
 
     def put_back(self) -> None:
         """Put the batch's claimed rows it did not reach back as they were: due, for any worker."""

@@ -289,28 +289,32 @@ def _drain_tenant(
 
     Returns whether the tenant has no row left to claim (its turn may also
     end at ``share``, at ``limit`` or at a stop; None: no share, drain it).
-    A row is locked only when its turn comes, so a slow step never holds rows
-    it has not reached: other workers take them meanwhile. A failing step
-    fails its run alone (its steps' writes roll back to the savepoint taken
-    before their first statement), so no other run's steps run again. A
-    transaction commits after ``BATCH_SIZE`` runs, once ``BATCH_SECONDS``
-    have passed (a slow step ends its batch), and around each run of a
-    workflow defined with ``commit="per_run"``. ``passed_over`` (rows whose
-    resume raised) lasts the whole pass, across the tenant's turns.
+    A failing step fails its run alone (its steps' writes roll back to the
+    savepoint taken before their first statement), so no other run's steps
+    run again. A transaction commits after ``BATCH_SIZE`` runs, once
+    ``BATCH_SECONDS`` have passed (a slow step ends its batch), and around
+    each run of a workflow that commits alone (``commit="per_run"``, a
+    limit). ``passed_over`` (rows whose resume raised) lasts the whole pass,
+    across the tenant's turns.
+
+    With ``BATCH_TOGETHER`` (the default; PostgreSQL, no savepoints), a
+    batch claims its rows in one statement at its start, and its runs'
+    closing events wait to be written in one at its end
+    (:mod:`kumiko_workflows.store.batch_writes`). A slow step then holds the
+    batch's rows behind it until it returns; the batch ends there and puts
+    back the rows it did not reach, and the rest of the turn goes row by
+    row. A run that commits alone is never resumed holding the batch's
+    rows: the batch ends before it, and the rest of the turn goes row by
+    row. If the batch's writes fail, it is rolled back and resumed again a
+    row at a time, where an error names its run. Row by row, each row is
+    locked only when its turn comes (in the statement ending the run before
+    it), so a slow step holds no row it has not reached.
 
     An error in the engine's own writes for a run (a database error, a
     site's projection raising) is rolled back with its savepoint where code
     besides the engine's reacts to run events (see :func:`needs_savepoints`), and
     otherwise with the batch, as a crash would: then the batch's other runs
     are resumed again, and their steps run again.
-
-    With ``BATCH_TOGETHER`` (PostgreSQL, no savepoints), a batch claims its
-    rows in one statement at its start instead, and its runs' closing
-    events wait to be written in one at its end
-    (:mod:`kumiko_workflows.store.batch_writes`): a slow step then holds the
-    batch's other rows until it returns, and rows not reached when the batch
-    ends early are put back. If those writes fail, the batch is rolled back
-    and resumed again a row at a time, where an error names its run.
     """
     batch_size = max(1, int(workflow_settings.BATCH_SIZE))
     claims = 0
@@ -340,6 +344,11 @@ def _drain_tenant(
                         # A row claimed ahead is resumed whatever comes: it is held.
                         if should_stop() and ahead.held is None:
                             break
+                        if ahead.alone_next():
+                            # A run that commits alone is claimed on its own, holding
+                            # no other row: the rest of the turn row by row.
+                            wanted = False
+                            break
                         done = _claim_and_resume(
                             tenant, now, clock(), passed_over, batch, savepoints, leaving, ahead
                         )
@@ -351,13 +360,18 @@ def _drain_tenant(
                             # Runs that commit alone: the rest of the turn row by row,
                             # not a batch's rows claimed to resume one.
                             wanted = False
-                        if (done or time.monotonic() > deadline) and ahead.held is None:
+                        late = time.monotonic() > deadline
+                        if late and writes is not None:
+                            # A slow step held the batch's rows: the rest of the
+                            # turn row by row, so the next one holds none.
+                            wanted = False
+                        if (done or late) and ahead.held is None:
                             break  # commit now
                     ahead.put_back()  # rows the batch claimed and did not reach
                     if writes is not None and writes.flush():
-                        # Their projections may have made rows due (a gate's next
-                        # run, a wait of no time): look again before leaving.
-                        drained = False
+                        # Their projections may have made rows due by now (a gate's
+                        # next run, a wait of no time): then look again before leaving.
+                        drained = drained and not writes.due_by(now)
                 # Children that ended in the batch, counted in their fan-ins at once.
                 children.count_batch(children.starter())
         except batch_writes.SetWritesFailed:

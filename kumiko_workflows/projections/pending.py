@@ -24,7 +24,7 @@ from kumiko_workflows.models import (
     WorkflowWaitKey,
 )
 from kumiko_workflows.projections.run_status import is_run_event
-from kumiko_workflows.store import db, statements
+from kumiko_workflows.store import db, statements, waiting_pairs
 from kumiko_workflows.store.pending_hint import is_cleared
 from kumiko_workflows.workflow import event_types as et
 from kumiko_workflows.workflow import matching, priorities, suspensions
@@ -138,8 +138,10 @@ def project_pending(event: Event, replaying: bool) -> None:
         )
         if waits:
             _store_keys(event, row, keys or frozenset(), cleared)
-        if not replaying and row.wake_at is not None and row.wake_at <= event.created_at:
-            notify_due(event.tenant_id)
+        if row.wake_at is not None:
+            waiting_pairs.due_from(row.wake_at)
+            if not replaying and row.wake_at <= event.created_at:
+                notify_due(event.tenant_id)
     elif kind == et.WAKE_REQUESTED:
         changes: dict[str, Any] = {
             "wake_at": event.created_at,
@@ -156,6 +158,7 @@ def project_pending(event: Event, replaying: bool) -> None:
         WorkflowRunPending.objects.filter(
             tenant_id=event.tenant_id, run_id=event.aggregate_id
         ).update(**changes)
+        waiting_pairs.due_from(event.created_at)
         if not replaying:
             notify_due(event.tenant_id)
     elif kind == et.SLOT_OFFERED:
@@ -170,6 +173,7 @@ def project_pending(event: Event, replaying: bool) -> None:
             ),
             run_version=event.version,
         )
+        waiting_pairs.due_from(event.created_at)
         if not replaying:
             notify_due(event.tenant_id)
     elif kind == et.RUN_MIGRATED:

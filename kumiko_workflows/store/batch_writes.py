@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from kumiko_workflows.models import Event, WorkflowRunPending
@@ -63,6 +64,8 @@ class BatchWrites:
     #: The claimed row being resumed, whose closing pair may wait (None: none may).
     resuming: WorkflowRunPending | None = None
     pairs: dict[uuid.UUID, Pair] = field(default_factory=dict)
+    #: The earliest instant a pending row written in the batch is due from (None: none).
+    due_from: datetime | None = None
 
     def takes(self, aggregate_id: uuid.UUID, closing_type: str) -> bool:
         """Whether this pair ends the resumed run's segment, so it may wait for the batch's end."""
@@ -74,6 +77,10 @@ class BatchWrites:
     def add(self, pair: Pair) -> None:
         self.resuming = None  # one pair a run: nothing of its stream follows it
         self.pairs[pair.one.aggregate_id] = pair
+
+    def due_by(self, now: datetime) -> bool:
+        """Whether a pending row written in the batch is due by ``now``."""
+        return self.due_from is not None and self.due_from <= now
 
     def flush(self) -> int:
         """Write the waiting pairs, then their projections; how many (:class:`SetWritesFailed`)."""

@@ -207,7 +207,8 @@ def _build_claim(held: bool, shape: tuple[int, int, int], chained: bool) -> str:
 class NextClaim:
     """A worker's wish to claim a batch's next row in the statement that ends a run's segment.
 
-    Set (:data:`next_claim`) around one run's resume inside a batch; the
+    Set (:data:`next_claim`) around one run's resume inside a batch working
+    row by row (not claimed together: see :func:`claim_batch`); the
     engine's two-event append that ends that run's segment
     (:mod:`kumiko_workflows.store.event_pairs`) adds the claim of the next
     due row to its statement, if ``wanted()`` still says so then, and leaves

@@ -3,7 +3,7 @@
 The batch's writes are :class:`kumiko_workflows.store.batch_writes.BatchWrites`;
 this module holds only what every append asks: whether a pair of its stream
 waits, to be written first (so no event is written after a later one of its
-stream).
+stream), and what the pending projection tells it: from when a row it wrote is due.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ class Waiting(Protocol):
 
     def flush(self) -> None: ...
 
+    due_from: Any
+
 
 #: The batch whose closing pairs wait for its end (None: every pair is written at once).
 batch_writes: ContextVar[Any] = ContextVar("kumiko_batch_writes", default=None)
@@ -31,3 +33,11 @@ def before_writing(aggregate_id: Any) -> None:
     writes: Waiting | None = batch_writes.get()
     if writes is not None and aggregate_id in writes.pairs:
         writes.flush()
+
+
+def due_from(when: Any) -> None:
+    """A pending row written is due from ``when``: the batch writing looks again if that is
+    within its pass, before leaving the tenant."""
+    writes: Waiting | None = batch_writes.get()
+    if writes is not None and (writes.due_from is None or when < writes.due_from):
+        writes.due_from = when

@@ -97,6 +97,7 @@ def assert_result_lines(output: str) -> None:
         assert re.search(r"^RATIO name=drain_2 value=", output, re.M), output
         assert re.search(r"^RATIO name=drain_2_vs_1 value=", output, re.M), output
         assert re.search(r"^RATIO name=drain_2_vs_batched_floor value=", output, re.M), output
+        assert re.search(r"^RATIO name=drain_row_by_row value=", output, re.M), output
         assert re.search(r"^RESULT name=kumiko_slow_step n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=fairness value=[\d.]+$", output, re.M), output
         assert re.search(
@@ -118,11 +119,13 @@ def assert_result_lines(output: str) -> None:
         assert re.search(
             r"^UNANALYSED waiting=20 p50_ms=[\d.]+ analysed_p50_ms=[\d.]+$", output, re.M
         ), output
-        assert re.search(
-            r"^SLOW_STEP quick_p50_s=[\d.]+ quick_p95_s=[\d.]+ quick_max_s=[\d.]+ slow_s=0.2$",
-            output,
-            re.M,
-        ), output
+        for name in ("slow_step", "slow_step_alone"):
+            assert re.search(
+                rf"^SLOW_STEP name={name} quick_p50_s=[\d.]+ quick_p95_s=[\d.]+ "
+                r"quick_max_s=[\d.]+ slow_s=0.2$",
+                output,
+                re.M,
+            ), output
     else:
         assert "SKIPPED name=kumiko_wake reason=needs PostgreSQL" in output
         assert "SKIPPED name=kumiko_drain_2" in output

@@ -63,10 +63,10 @@ def test_a_batch_is_claimed_in_one_statement_and_its_events_written_in_one(toget
     together = [q for q in sql if q.startswith(events) and "unnest(" in q]
     pairs = [q for q in sql if q.startswith('WITH first AS (INSERT INTO "kumiko_workflows_event"')]
     # The batch's claim of its 12 rows, then the two looks of a row's own claim
-    # (due by claim instant, held back) that find none left; once the batch's
-    # writes may have made rows due, the same three again. One insert of the
-    # runs' 24 last events, none of a run's own.
-    assert len(claims) == 6, claims
+    # (due by claim instant, held back) that find none left; the batch's writes
+    # made no row due, so no look again. One insert of the runs' 24 last
+    # events, none of a run's own.
+    assert len(claims) == 3, claims
     assert (len(together), len(pairs)) == (1, 0)
 
 
@@ -125,25 +125,32 @@ def test_a_stop_in_the_middle_puts_the_rows_not_reached_back(together, past):
     _resumed_once(runs)
 
 
-def test_a_batch_past_its_seconds_commits_and_puts_the_rest_back(together, settings, past):
+def test_a_batch_past_its_seconds_puts_the_rest_back_and_the_turn_goes_row_by_row(
+    together, settings, past
+):
+    """A slow step held the batch's rows: they go back, due, and the rest of the turn takes
+    a row at a time, so a second slow step holds none."""
     settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_SECONDS": 1e-9}
     runs = _due_runs(4, past)
     with CaptureQueriesContext(connection) as queries:
         report = resume_due_runs()
     assert (report.resumed, report.completed) == (4, 4), report
     _resumed_once(runs)
-    # Each batch ended after its first run: its other rows went back, due, for the next.
+    # The first batch ended after its first run: its three other rows went back.
     put_back = [
         q
         for q in queries
         if q["sql"].startswith('INSERT INTO "kumiko_workflows_workflowrunpending"')
     ]
-    assert len(put_back) == 3 + 2 + 1, [q["sql"][:60] for q in put_back]
+    assert len(put_back) == 3, [q["sql"][:60] for q in put_back]
+    batch_claims = [q for q in queries if "id = ANY(ARRAY(" in q["sql"]]
+    assert len(batch_claims) == 1, [q["sql"][:60] for q in batch_claims]
 
 
 def test_runs_that_commit_alone_send_the_rest_of_the_turn_row_by_row(together, past):
-    """A claimed row whose workflow commits per run ends its batch; the batch's other rows go
-    back, and the tenant's turn goes on a row at a time (no batch claimed to resume one)."""
+    """A claimed row whose workflow commits per run ends its batch before it is resumed; the
+    batch's rows go back, and the tenant's turn goes on a row at a time (no batch claimed to
+    resume one), so that run holds no other row."""
     alone = define_workflow(
         name="t-alone",
         trigger=on_event("t.alone"),
@@ -175,6 +182,26 @@ def test_runs_that_suspend_again_are_written_together_and_resumed_later(together
     assert second.completed == 4, second
     for run in runs:
         assert types_of(run)[-1] == et.RUN_COMPLETED
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["together", "row_by_row"])
+def test_a_wait_of_no_time_the_batch_writes_is_resumed_in_the_same_pass(settings, now, on):
+    """A wait the batch's last events write, due at the pass's instant, is looked for again
+    before the tenant is left, as row by row, where the next claim finds it."""
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_TOGETHER": on}
+    twice = define_workflow(
+        name="t-twice",
+        trigger=on_event("t.twice"),
+        idempotency_key=w.run_key,
+        steps=[steps.wait("PT0S"), steps.wait("PT0S"), steps.compute("n", lambda ctx: 1)],
+        register=False,
+    )
+    with registry.override(twice):
+        events = [trigger("t.twice") for _ in range(3)]
+        report = resume_due_runs(now=now + timedelta(days=1))
+    assert (report.resumed, report.completed) == (6, 3), report
+    for event in events:
+        assert types_of(run_id_for("t-twice", event.payload["run_key"]))[-1] == et.RUN_COMPLETED
 
 
 def test_batch_together_must_be_a_bool(settings):

@@ -1,9 +1,10 @@
 """Batches commit several runs at once, but never run a finished step twice without a crash.
 
-A worker claims due rows one at a time inside a batch's transaction: a
-failing step's writes roll back to a savepoint taken before its first
+A failing step's writes roll back to a savepoint taken before its first
 statement, so the run is recorded failed alone; a slow step holds no row it
-has not reached; ``commit="per_run"`` gives a workflow a commit of its own.
+has not reached when rows are claimed one at a time (``BATCH_TOGETHER``
+off), and a run that commits alone holds none either way;
+``commit="per_run"`` gives a workflow a commit of its own.
 """
 
 from __future__ import annotations
@@ -101,12 +102,16 @@ def test_steps_that_never_query_cost_no_savepoint(tmp_path):
 
 
 def _fail_run_status_update_of(run_id):
-    """An execute wrapper: the database refuses the status UPDATE of one run (a fault)."""
+    """An execute wrapper: the database refuses the status UPDATE of one run (a fault), alone
+    or among a batch's (one statement for many rows)."""
     from django.db import OperationalError
 
     def wrapper(execute, sql, params, many, context):
         names = {str(run_id), run_id.hex}
-        if 'UPDATE "kumiko_workflows_workflowrun"' in sql and names & set(map(str, params)):
+        rows = params if many else [params]
+        if 'UPDATE "kumiko_workflows_workflowrun"' in sql and any(
+            names & set(map(str, row)) for row in rows
+        ):
             raise OperationalError("injected: the database refused the statement")
         return execute(sql, params, many, context)
 
@@ -146,48 +151,64 @@ HOLDER = textwrap.dedent(
     import django
     django.setup()
     from kumiko_workflows import resume_due_runs
-    print(resume_due_runs(), flush=True)
+    from kumiko_workflows.workflow.registry import registry
+    from tests.testapp.workflows import blocking_alone
+    with registry.override(blocking_alone):
+        print(resume_due_runs(), flush=True)
     """
 )
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_slow_step_holds_no_row_it_has_not_reached(tmp_path, past):
-    # The slow run is due first; twenty quick runs are due behind it.
-    slow = trigger("t.blocking", sync_dir=str(tmp_path), **{"for": past})
-    quick = [trigger("t.wait", **{"for": past}) for _ in range(20)]
-    worker = subprocess.Popen(
-        [sys.executable, "-c", HOLDER], env=subprocess_env(), stdout=subprocess.PIPE, text=True
-    )
-    try:
-        running = tmp_path / f"running-{slow.payload['run_key']}"
-        deadline = time.monotonic() + 60
-        while not running.exists():  # the step says it runs (a file), not a timer
-            assert time.monotonic() < deadline, "the slow step never started"
-            assert worker.poll() is None, "the worker exited early"
-            time.sleep(0.01)
+@pytest.mark.parametrize(
+    ("together", "slow_type"),
+    [(False, "t.blocking"), (True, "t.blocking-alone")],
+    ids=["row_by_row", "together_committing_alone"],
+)
+def test_a_slow_step_holds_no_row_it_has_not_reached(tmp_path, past, together, slow_type):
+    """Row by row, each row is claimed when its turn comes; with the batch claimed together, a
+    run that commits alone is claimed on its own. Either way the slow run, due first, holds
+    none of the twenty quick runs behind it."""
+    with registry.override(w.blocking_alone):  # in the worker too (HOLDER)
+        slow = trigger(slow_type, sync_dir=str(tmp_path), **{"for": past})
+        quick = [trigger("t.wait", **{"for": past}) for _ in range(20)]
+        worker = subprocess.Popen(
+            [sys.executable, "-c", HOLDER],
+            env=subprocess_env(KUMIKO_TEST_BATCH_TOGETHER="1" if together else "0"),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            running = tmp_path / f"running-{slow.payload['run_key']}"
+            deadline = time.monotonic() + 60
+            while not running.exists():  # the step says it runs (a file), not a timer
+                assert time.monotonic() < deadline, "the slow step never started"
+                assert worker.poll() is None, "the worker exited early"
+                time.sleep(0.01)
 
-        # While the slow step runs, another worker takes every quick run.
-        report = resume_due_runs()
-    finally:
-        (tmp_path / "release").touch()
-        worker.communicate(timeout=60)
+            # While the slow step runs, another worker takes every quick run.
+            report = resume_due_runs()
+        finally:
+            (tmp_path / "release").touch()
+            worker.communicate(timeout=60)
 
     assert (report.resumed, report.completed) == (20, 20)
     for event in quick:
         run_id = run_id_for("t-wait", event.payload["run_key"])
         assert types_of(run_id)[-1] == et.RUN_COMPLETED
-    slow_run = run_id_for("t-blocking", slow.payload["run_key"])
+    slow_run = run_id_for(slow_type.replace(".", "-"), slow.payload["run_key"])
     assert types_of(slow_run)[-1] == et.RUN_COMPLETED
     assert Event.objects.filter(aggregate_id=slow_run, type=et.RESUMED).count() == 1
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db
-def test_a_row_claimed_by_the_run_before_it_is_resumed_even_when_the_pass_stops(past):
-    """On PostgreSQL a run's last statement also claims the batch's next row. Asked to
-    stop once that row is held, the pass still resumes it: no row is taken and dropped."""
+def test_a_row_claimed_by_the_run_before_it_is_resumed_even_when_the_pass_stops(past, settings):
+    """On PostgreSQL, row by row, a run's last statement also claims the batch's next row.
+    Asked to stop once that row is held, the pass still resumes it: no row is taken and
+    dropped."""
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_TOGETHER": False}
     events = [trigger("t.wait", **{"for": past}) for _ in range(5)]
     runs = [run_id_for("t-wait", event.payload["run_key"]) for event in events]
 
@@ -225,11 +246,12 @@ def _undo_first(ctx):
 
 @pytest.mark.postgres
 @pytest.mark.django_db
-def test_a_compensating_run_claims_no_row_before_its_last_undo_has_run(now):
-    """On PostgreSQL a run's last statement may claim the batch's next row; a
+def test_a_compensating_run_claims_no_row_before_its_last_undo_has_run(now, settings):
+    """On PostgreSQL, row by row, a run's last statement may claim the batch's next row; a
     compensation's first event is written before its other undo code runs, so
     that row is claimed after the run, not with that event (it is not held
     while the undo code runs)."""
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_TOGETHER": False}
     saga = define_workflow(
         name="t-undo-in-batch",
         trigger=on_event("t.undo-in-batch"),

@@ -76,7 +76,8 @@ def test_an_append_is_prepared_from_its_second_run_on_a_connection(new_connectio
 @pytest.mark.not_citus(reason=NOT_PREPARED)
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_resumes_prepare_the_claim_and_the_chained_insert(new_connection):
+def test_resumes_row_by_row_prepare_the_claim_and_the_chained_insert(new_connection, settings):
+    settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_TOGETHER": False}
     events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(4)]
     report = resume_due_runs(now=events[-1].created_at + timedelta(seconds=1))
     assert report.completed == 4
@@ -95,6 +96,22 @@ def test_resumes_prepare_the_claim_and_the_chained_insert(new_connection):
     for event in events:
         run_id = run_id_for("t-wait", event.payload["run_key"])
         assert types_of(run_id)[-1] == et.RUN_COMPLETED
+
+
+@pytest.mark.not_citus(reason=NOT_PREPARED)
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_batches_claimed_together_prepare_their_claim_and_their_insert(new_connection):
+    """Two passes of three runs: the batch's claim and its insert of the runs' last events
+    are prepared at the second."""
+    for _ in range(2):
+        events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(3)]
+        report = resume_due_runs(now=events[-1].created_at + timedelta(seconds=1))
+        assert report.completed == 3
+    statements = prepared()
+    claims = [runs for sql, runs in statements.items() if "id = ANY(ARRAY(" in sql]
+    together = [runs for sql, runs in statements.items() if "unnest(" in sql]
+    assert (claims, together) == ([1], [1]), list(statements)
 
 
 @pytest.mark.not_citus(reason=NOT_PREPARED)

@@ -177,8 +177,8 @@ def test_a_run_queued_by_a_request_starts_in_a_listening_worker_at_once():
 def test_four_workers_race_one_is_killed_and_every_run_resumes_exactly_once(
     past, together, monkeypatch
 ):
-    if together:  # the workers claim a batch's rows and write its events together
-        monkeypatch.setenv("KUMIKO_TEST_BATCH_TOGETHER", "1")
+    if not together:  # the workers claim each row of a batch when its turn comes
+        monkeypatch.setenv("KUMIKO_TEST_BATCH_TOGETHER", "0")
     runs = 2000
     keys = [f"race-{i}" for i in range(runs)]
     for key in keys:

@@ -181,15 +181,24 @@ branching = define_workflow(
     ],
 )
 
-blocking = define_workflow(
-    name="t-blocking",
-    trigger=on_event("t.blocking"),
-    idempotency_key=run_key,
-    steps=[
-        steps.wait(payload_value("for", "PT0S")),
-        steps.compute("held", block_until_released),
-    ],
-)
+
+def _blocking(name: str, commit: str = "batch", register: bool = True):
+    return define_workflow(
+        name=name,
+        trigger=on_event(name.replace("-", ".", 1)),
+        idempotency_key=run_key,
+        steps=[
+            steps.wait(payload_value("for", "PT0S")),
+            steps.compute("held", block_until_released),
+        ],
+        commit=commit,
+        register=register,
+    )
+
+
+blocking = _blocking("t-blocking")
+#: The same slow step in a workflow that commits alone (registered by the test using it).
+blocking_alone = _blocking("t-blocking-alone", "per_run", register=False)
 
 
 # --- tests/multiprocess/test_faults.py, test_load.py, test_bad_input.py, test_security.py ---
