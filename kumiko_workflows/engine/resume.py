@@ -302,13 +302,14 @@ def _drain_tenant(
     closing events wait to be written in one at its end
     (:mod:`kumiko_workflows.store.batch_writes`). A slow step then holds the
     batch's rows behind it until it returns; the batch ends there and puts
-    back the rows it did not reach, and the rest of the turn goes row by
-    row. A run that commits alone is never resumed holding the batch's
-    rows: the batch ends before it, and the rest of the turn goes row by
-    row. If the batch's writes fail, it is rolled back and resumed again a
-    row at a time, where an error names its run. Row by row, each row is
-    locked only when its turn comes (in the statement ending the run before
-    it), so a slow step holds no row it has not reached.
+    back the rows it did not reach, and after a run that took longer than
+    ``BATCH_SECONDS`` alone the rest of the turn goes row by row. A run that
+    commits alone is never resumed holding the batch's rows: the batch ends
+    before it, and the rest of the turn goes row by row. If the batch's
+    writes fail, it is rolled back and resumed again a row at a time, where
+    an error names its run. Row by row, each row is locked only when its
+    turn comes (in the statement ending the run before it), so a slow step
+    holds no row it has not reached.
 
     An error in the engine's own writes for a run (a database error, a
     site's projection raising) is rolled back with its savepoint where code
@@ -331,7 +332,8 @@ def _drain_tenant(
         try:
             with telemetry.counting_batch(), db.atomic(), fan_in.batched():
                 savepoints = needs_savepoints()
-                deadline = time.monotonic() + float(workflow_settings.BATCH_SECONDS)
+                seconds = float(workflow_settings.BATCH_SECONDS)
+                deadline = time.monotonic() + seconds
                 ahead = Ahead(size, deadline, should_stop, savepoints, _commits_per_run)
                 writes: batch_writes.BatchWrites | None = None
                 with ExitStack() as stack:
@@ -349,6 +351,7 @@ def _drain_tenant(
                             # no other row: the rest of the turn row by row.
                             wanted = False
                             break
+                        started = time.monotonic()
                         done = _claim_and_resume(
                             tenant, now, clock(), passed_over, batch, savepoints, leaving, ahead
                         )
@@ -360,12 +363,12 @@ def _drain_tenant(
                             # Runs that commit alone: the rest of the turn row by row,
                             # not a batch's rows claimed to resume one.
                             wanted = False
-                        late = time.monotonic() > deadline
-                        if late and writes is not None:
-                            # A slow step held the batch's rows: the rest of the
-                            # turn row by row, so the next one holds none.
+                        ended = time.monotonic()
+                        if ended - started > seconds and writes is not None:
+                            # One run alone longer than BATCH_SECONDS held the batch's
+                            # rows: the rest of the turn row by row, so the next holds none.
                             wanted = False
-                        if (done or late) and ahead.held is None:
+                        if (done or ended > deadline) and ahead.held is None:
                             break  # commit now
                     ahead.put_back()  # rows the batch claimed and did not reach
                     if writes is not None and writes.flush():
