@@ -108,8 +108,13 @@ def sharded_insert_sql(shape: str) -> str:
 
     - ``after``: the expected version exists in this tenant with this
       aggregate type (no gap, and the stream's type kept);
-    - ``next``: after the stream's latest event of this aggregate type (no
-      row: the stream is new, has another type, or moved: see the caller);
+    - ``next``: after the stream's latest event of this aggregate type whose
+      id is below the one drawn (no row: the stream is new, has another
+      type, or moved: see the caller). The id is drawn before the statement
+      reads the stream, so an append committed in between may hold the
+      latest version with a higher id: then the version after the one read
+      is taken, nothing is written, and the caller draws again, so ids stay
+      in version order;
     - ``first``: version 1, a plain ``VALUES`` insert. That no other
       tenant's stream has the id is asked once it is written, by
       :func:`stream_elsewhere` (a question for every shard, once per stream).
@@ -137,7 +142,7 @@ def _build_sharded_insert(shape: str) -> str:
         )
     return (
         f"{insert} SELECT %s, p.tenant_id, {values}, p.version + 1 FROM {table} p "  # noqa: S608
-        f"WHERE {stream} ORDER BY p.version DESC LIMIT 1 {conflict}"
+        f"WHERE {stream} AND p.id < %s ORDER BY p.version DESC LIMIT 1 {conflict}"
     )
 
 

@@ -158,7 +158,7 @@ def _insert_sharded(
         else:
             if expected_version is None:
                 sql = appends.sharded_insert_sql("next")
-                params = [event_id, *values[1:], tenant, aggregate, kind]
+                params = [event_id, *values[1:], tenant, aggregate, kind, event_id]
                 if _write(db, event, sql, params, projected, savepoint):
                     return
             if _write_first(db, event, [event_id, *values, 1], projected, savepoint, engine_start):

@@ -30,7 +30,7 @@ from kumiko_workflows import append_event, resume_due_runs, run_id_for
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.operations.distribute import LOCAL_MODELS, OFF_ENGINE_MODELS, TENANT_MODELS
-from kumiko_workflows.store import db, distribution
+from kumiko_workflows.store import db, distribution, event_inserts
 from tests.support import run_manage, subprocess_env
 from tests.support.faults import Worker, wait_for
 
@@ -274,6 +274,28 @@ def test_event_ids_come_from_the_coordinators_sequence_in_append_order():
             [tenants[0], str(streams[tenants[0]]), tenants[0], str(streams[tenants[0]])],
         )
         assert cursor.fetchone()[0] >= WORKER_RANGE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_whose_id_was_drawn_before_another_append_committed_keeps_id_order(
+    monkeypatch,
+):
+    """An id is drawn on the coordinator before the insert reads the stream: an append to
+    the next version that drew its id, then met a later one committed meanwhile, draws
+    again instead of writing the next version under an older id."""
+    tenant = _tenants(2, "id-race")[0]
+    stream = uuid.uuid4()
+    append_event(stream, "id-race", "t.id-race", {"n": 1}, tenant_id=tenant)
+    stale = distribution.next_event_id()  # drawn by an append that is slow to insert
+    newer = append_event(stream, "id-race", "t.id-race", {"n": 2}, tenant_id=tenant)
+    drawn = iter([stale])
+    real = event_inserts.next_event_id
+    monkeypatch.setattr(event_inserts, "next_event_id", lambda: next(drawn, None) or real())
+    late = append_event(stream, "id-race", "t.id-race", {"n": 3}, tenant_id=tenant)
+    assert (late.version, newer.version) == (3, 2)
+    assert late.id > newer.id > stale
+    rows = list(Event.objects.filter(tenant_id=tenant, aggregate_id=stream).order_by("version"))
+    assert [row.id for row in rows] == sorted(row.id for row in rows)
 
 
 @pytest.mark.django_db(transaction=True)
