@@ -40,8 +40,8 @@ DEFAULTS: dict[str, Any] = {
     "BATCH_SECONDS": 0.5,
     # True: a batch claims its rows in one statement at its start and writes
     # its runs' closing events in one at its end (PostgreSQL; a slow step then
-    # holds the batch's other rows until it returns). False: each row is
-    # claimed when its turn comes.
+    # holds the batch's rows behind it until it returns, a run that commits
+    # alone holds none). False: each row is claimed when its turn comes.
     "BATCH_TOGETHER": True,
     # Passes in a row whose resume of a run raises before the run is failed
     # (reason resume_failed_repeatedly), so no run trips every pass for ever.
