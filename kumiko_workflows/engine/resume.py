@@ -359,14 +359,11 @@ def _drain_tenant(
                             drained = True
                             break
                         claims += 1
-                        if done and writes is not None:
-                            # Runs that commit alone: the rest of the turn row by row,
-                            # not a batch's rows claimed to resume one.
-                            wanted = False
                         ended = time.monotonic()
-                        if ended - started > seconds and writes is not None:
-                            # One run alone longer than BATCH_SECONDS held the batch's
-                            # rows: the rest of the turn row by row, so the next holds none.
+                        if writes is not None and (done or ended - started > seconds):
+                            # A run that commits alone (no batch's rows claimed to
+                            # resume one), or one longer than BATCH_SECONDS alone (it
+                            # held the batch's rows): the rest of the turn row by row.
                             wanted = False
                         if (done or ended > deadline) and ahead.held is None:
                             break  # commit now
