@@ -20,7 +20,6 @@ from typing import Any
 from kumiko_workflows import telemetry
 from kumiko_workflows.engine import children, compensation, wakeups
 from kumiko_workflows.engine.run_context import RunContext
-from kumiko_workflows.store import db
 from kumiko_workflows.store.streams import (
     INVALID_STEP_ARGUMENT,
     INVALID_STEP_RESULT,
@@ -109,21 +108,13 @@ class Executor:
         try:
             return value(self.ctx)
         except Exception as exc:
-            if db.connection_broken():
-                raise  # not the step's doing: the pass ends and the worker backs off
             raise self._step_error(path, f"its {name} callable raised", exc) from exc
 
     def call(self, path: tuple[Any, ...], fn: Callable[[Any], Any]) -> Any:
         try:
             return fn(self.ctx)
         except Exception as exc:
-            if db.connection_broken():
-                raise  # not the step's doing: the pass ends and the worker backs off
             raise self._step_error(path, "raised", exc) from exc
-
-    def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
-        where = f"{self._label(path)}: {what}"
-        return failure_from_exception(STEP_FAILED, path_text(path), where, exc)
 
     def store(self, path: tuple[Any, ...], name: str, result: Any) -> None:
         try:
@@ -136,6 +127,10 @@ class Executor:
                 f"{label}: its result is not JSON-serialisable",
                 detail=f"{label}: {exc}",
             ) from None
+
+    def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
+        where = f"{self._label(path)}: {what}"
+        return failure_from_exception(STEP_FAILED, path_text(path), where, exc)
 
     def invalid(self, path: tuple[Any, ...], detail: str) -> Exception:
         label = self._label(path)

@@ -18,6 +18,7 @@ from typing import Any
 from kumiko_workflows import telemetry
 from kumiko_workflows.exceptions import InvalidEvent
 from kumiko_workflows.models import Event, WorkflowRun
+from kumiko_workflows.store import db
 from kumiko_workflows.store.event_pairs import append_engine_pair
 from kumiko_workflows.store.events import append_event
 from kumiko_workflows.store.pending_hint import pending_cleared
@@ -220,7 +221,15 @@ class Failure(Exception):
 
 
 def failure_from_exception(reason: str, step: str, what: str, exc: BaseException) -> Failure:
-    """A failure caused by user code raising ``exc``: generic text, class, traceback."""
+    """A failure caused by user code raising ``exc``: generic text, class, traceback.
+
+    Unless the engine's connection died under that code (the server ended
+    it): nothing the code did wrong, so ``exc`` itself is raised again, as
+    the infrastructure error it is. A worker's pass then ends, the worker
+    backs off and reconnects, and the run is resumed again.
+    """
+    if db.connection_broken():
+        raise exc
     name = type(exc).__name__
     return Failure(
         reason,
