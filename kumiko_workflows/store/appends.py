@@ -183,19 +183,27 @@ def batch_pairs_sql() -> str:
     One statement for every run's two events, the columns as arrays: each
     row written only after its stream's expected version (of the same
     aggregate type), as a run's own append checks, and a version taken left
-    out; returns (id, aggregate_id, version) of each row written.
+    out; returns (id, aggregate_id, version) of each row written. The
+    payloads and the metadata each go as one JSON array's text (the
+    documents joined), not as a text array: the driver would escape every
+    quote of every document on the client.
     """
 
     def build() -> str:
         ops = engine().ops
         table = ops.quote_name(Event._meta.db_table)
         columns = ", ".join(ops.quote_name(c) for c in (*EVENT_COLUMNS, "version"))
+        documents = (
+            "ARRAY(SELECT d.j FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS d(j, n) "
+            "ORDER BY d.n)"
+        )
         return (
             f"INSERT INTO {table} ({columns}) "  # noqa: S608 - identifiers
-            "SELECT x.c0, x.c1, x.c2, x.c3, x.c4, x.c5::jsonb, x.c6::jsonb, x.c7, x.c8, x.c9 "
+            "SELECT x.c0, x.c1, x.c2, x.c3, x.c4, x.c5, x.c6, x.c7, x.c8, x.c9 "
             # EVENT_COLUMNS as arrays, the version, and the stream's before the pair.
             "FROM unnest(%s::text[], %s::uuid[], %s::text[], %s::text[], %s::int[], "
-            "%s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::int[], %s::int[]) "
+            f"{documents}, {documents}, "
+            "%s::text[], %s::timestamptz[], %s::int[], %s::int[]) "
             "AS x(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10) "
             f"WHERE EXISTS (SELECT 1 FROM {table} p WHERE p.tenant_id = x.c0 "
             "AND p.aggregate_id = x.c1 AND p.version = x.c10 AND p.aggregate_type = x.c2) "

@@ -108,9 +108,12 @@ class BatchWrites:
                     (*values, pair.expected_version + offset, pair.expected_version)
                 ):
                     columns[index].append(value)
+        # The payloads and the metadata (JSON texts) go as one JSON array each.
+        documents = [f"[{','.join(texts)}]" for texts in columns[5:7]]
+        params: list[Any] = [*columns[:5], *documents, *columns[7:]]
         written = {
             (str(aggregate), version): pk
-            for pk, aggregate, version in appends.run_insert(appends.batch_pairs_sql(), columns, db)
+            for pk, aggregate, version in appends.run_insert(appends.batch_pairs_sql(), params, db)
         }
         for pair in pairs:
             stream, after = str(pair.one.aggregate_id), pair.expected_version
