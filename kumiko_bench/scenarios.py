@@ -943,9 +943,14 @@ class Bench:
         # The worker's own CPU per run, less noisy than the wall clock on a
         # busy machine (the database's time is not in it).
         off, on = statistics.median(cpu["drain"]), statistics.median(cpu["drain_traced"])
+        # The floor: the SDK alone, for the same spans and records; the best a
+        # traced drain could reach is the drain off with that much more a run.
+        sdk = statistics.median(_sdk_floor(n) for _ in range(self.rounds))
+        wall = statistics.median(times["drain"]) / n * 1e6
         self.out(
             f"DRAIN_TRACED worker_cpu_us_per_run_off={off:.0f} "
-            f"worker_cpu_us_per_run_on={on:.0f} overhead_us_per_run={on - off:.0f}"
+            f"worker_cpu_us_per_run_on={on:.0f} overhead_us_per_run={on - off:.0f} "
+            f"sdk_floor_us_per_run={sdk:.0f} best_ratio={wall / (wall + sdk):.2f}"
         )
         self._ratio_result(
             "drain_traced",
@@ -1829,18 +1834,15 @@ def _drain(tenant: str, limit: int | None = None) -> int:
             return processed
 
 
-def _telemetry_on(*, globally: bool = True) -> Callable[[], dict[str, int]]:
-    """Tracing and metrics on in this process, as a site sets them up, exported to nowhere.
+def _sdk_providers() -> tuple[Any, Any, Any, Any]:
+    """The OpenTelemetry SDK's providers as a site sets them up, exported to nowhere.
 
-    The global providers of the OpenTelemetry SDK: spans batched to an
-    exporter that counts and drops them, metrics (the due-backlog gauge's
-    query included) collected every 10 seconds (a scrape interval; the SDK's
-    default is 60) and at the end for another. Returns what flushes them
-    and says how many spans were exported. Not ``globally``: the same
-    providers given to the engine alone (``telemetry.configure``) until the
-    flush, which gives it the global ones back.
+    Spans batched to an exporter that counts and drops them, metrics (the
+    due-backlog gauge's query included) collected every 10 seconds (a scrape
+    interval; the SDK's default is 60) and at the end for another. Returns
+    (tracer provider, meter provider, span exporter, metric exporter); the
+    exporters' ``count`` says how many they were given.
     """
-    from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
         MetricExporter,
@@ -1876,6 +1878,20 @@ def _telemetry_on(*, globally: bool = True) -> Callable[[], dict[str, int]]:
     meter_provider = MeterProvider(
         metric_readers=[PeriodicExportingMetricReader(exports, export_interval_millis=10_000)]
     )
+    return tracer_provider, meter_provider, spans, exports
+
+
+def _telemetry_on(*, globally: bool = True) -> Callable[[], dict[str, int]]:
+    """Tracing and metrics on in this process, as a site sets them up, exported to nowhere.
+
+    The global providers of :func:`_sdk_providers`. Returns what flushes them
+    and says how many spans were exported. Not ``globally``: the same
+    providers given to the engine alone (``telemetry.configure``) until the
+    flush, which gives it the global ones back.
+    """
+    from opentelemetry import metrics, trace
+
+    tracer_provider, meter_provider, spans, exports = _sdk_providers()
     if globally:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
@@ -1894,6 +1910,92 @@ def _telemetry_on(*, globally: bool = True) -> Callable[[], dict[str, int]]:
         return {"spans": spans.count, "metric_exports": exports.count}
 
     return flushed
+
+
+def _sdk_floor(n: int) -> float:
+    """CPU per run (µs) of the OpenTelemetry SDK alone doing what a traced drain asks of it.
+
+    Per run, as the engine does around a resumed run of one step: the
+    segment's span (its attributes, a link to the start span) made current,
+    the step's span inside it, each ended with its outcome, the step's
+    duration and the resume's lag recorded; per batch, the resumes and
+    completions counted; all through the engine's own instruments on the
+    providers of ``drain_traced``, flushed at the end (the export thread's
+    CPU counts, as in the drain). No engine and no database: the least
+    tracing can cost a run, whatever the engine around it.
+    """
+    from opentelemetry import context, trace
+
+    from kumiko_workflows.telemetry_instruments import (
+        ATTEMPT,
+        OUTCOME,
+        RUN_ID,
+        STEP,
+        STEP_KIND,
+        SUSPENSION,
+        TENANT,
+        VERSION,
+        WORKFLOW,
+        Instruments,
+    )
+
+    tracer_provider, meter_provider, _, _ = _sdk_providers()
+    active = Instruments(tracer_provider, meter_provider)
+    start = trace.SpanContext(uuid.uuid4().int, 1, is_remote=True)
+    run_ids = [str(uuid.uuid4()) for _ in range(n)]
+    batch = int(_setting("BATCH_SIZE"))
+    labels = {WORKFLOW: DRAIN_WORKFLOW}
+
+    def traced(run_id: str) -> None:
+        segment = active.tracer.start_span(
+            f"resume {DRAIN_WORKFLOW}",
+            attributes={
+                RUN_ID: run_id,
+                WORKFLOW: DRAIN_WORKFLOW,
+                TENANT: "t",
+                STEP: "2",
+                SUSPENSION: "wait",
+                ATTEMPT: 1,
+                VERSION: "1",
+            },
+            links=[trace.Link(start)],
+        )
+        outer = context.attach(trace.set_span_in_context(segment))
+        step = active.tracer.start_span(
+            "finish",
+            attributes={
+                RUN_ID: run_id,
+                WORKFLOW: DRAIN_WORKFLOW,
+                VERSION: "1",
+                TENANT: "t",
+                STEP: "2",
+                STEP_KIND: "step",
+                ATTEMPT: 0,
+            },
+        )
+        inner = context.attach(trace.set_span_in_context(step))
+        context.detach(inner)
+        step.set_attribute(OUTCOME, "completed")
+        step.end()
+        active.step_duration.record(
+            0.0001, {WORKFLOW: DRAIN_WORKFLOW, STEP: "2", OUTCOME: "completed"}
+        )
+        context.detach(outer)
+        segment.set_attribute(OUTCOME, "completed")
+        segment.end()
+        active.resume_lag.record(0.01, labels)
+
+    for run_id in run_ids[: n // 10]:  # warm
+        traced(run_id)
+    cpu = time.process_time()
+    for index, run_id in enumerate(run_ids):
+        traced(run_id)
+        if index % batch == batch - 1:
+            active.resumes.add(batch, labels)
+            active.completed.add(batch, labels)
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+    return (time.process_time() - cpu) / n * 1e6
 
 
 def _sdk_installed() -> bool:
