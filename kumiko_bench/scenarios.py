@@ -706,11 +706,18 @@ class Bench:
                     note=note,
                 )
         if two:
-            one_times, two_times = engine_times["drain"], engine_times["drain_2"]
-            scaling = statistics.median(
-                one / two for one, two in zip(one_times, two_times, strict=True)
-            )
+
+            def two_vs_one(times: dict[str, list[float]]) -> float:
+                pairs = zip(times["drain"], times["drain_2"], strict=True)
+                return statistics.median(one / two for one, two in pairs)
+
+            scaling = two_vs_one(engine_times)
             self.out(f"RATIO name=drain_2_vs_1 value={scaling:.3f}")
+            # What two processes gain on this machine for the same work by hand.
+            floors = {"floor": two_vs_one(floor_times), "floor_batch": two_vs_one(batched_times)}
+            for floor, ratio in floors.items():
+                self.out(f"RATIO name={floor}_2_vs_1 value={ratio:.3f}")
+            two_times = engine_times["drain_2"]
             self.results.append(
                 Result(
                     "drain_2_vs_1",
@@ -719,6 +726,10 @@ class Bench:
                     n / statistics.median(two_times),
                     scaling,
                     "kumiko, 1 worker",
+                    note=(
+                        f"the per-run floor's 2 / 1: {floors['floor']:.2f}; "
+                        f"the batched floor's: {floors['floor_batch']:.2f}"
+                    ),
                 )
             )
 

@@ -65,7 +65,7 @@ def assert_result_lines(output: str) -> None:
     # Tracing and metrics on beside off: every run's spans were exported.
     assert re.search(
         r"^DRAIN_TRACED worker_cpu_us_per_run_off=\d+ worker_cpu_us_per_run_on=\d+ "
-        r"overhead_us_per_run=-?\d+$",
+        r"overhead_us_per_run=-?\d+ sdk_floor_us_per_run=\d+ best_ratio=[\d.]+$",
         output,
         re.M,
     ), output
@@ -95,7 +95,8 @@ def assert_result_lines(output: str) -> None:
     if on_postgres():
         assert re.search(r"^RESULT name=kumiko_wake n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=drain_2 value=", output, re.M), output
-        assert re.search(r"^RATIO name=drain_2_vs_1 value=", output, re.M), output
+        for name in ("drain_2_vs_1", "floor_2_vs_1", "floor_batch_2_vs_1"):
+            assert re.search(rf"^RATIO name={name} value=[\d.]+$", output, re.M), output
         assert re.search(r"^RATIO name=drain_2_vs_batched_floor value=", output, re.M), output
         assert re.search(r"^RATIO name=drain_row_by_row value=", output, re.M), output
         assert re.search(r"^RESULT name=kumiko_slow_step n=20 ", output, re.M), output
