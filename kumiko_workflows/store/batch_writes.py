@@ -119,13 +119,13 @@ class BatchWrites:
             stream, after = str(pair.one.aggregate_id), pair.expected_version
             if (stream, after + 1) not in written or (stream, after + 2) not in written:
                 raise event_inserts.version_conflict(pair.one, after)
-        updates: dict[str, list[list[Any]]] = {}
+        updates: dict[tuple[Any, ...], list[list[Any]]] = {}
         for pair in pairs:
             for _, (model, values, where) in pair.folds:
-                sql, params = statements.rows_statement(model, "UPDATE", values, where)
-                updates.setdefault(sql, []).append(params)
-        for sql, rows in updates.items():
-            appends.run_many(sql, rows, db)
+                shape = (model, tuple(values), tuple(where))
+                updates.setdefault(shape, []).append(statements.row_params(model, values, where))
+        for (model, names, keys), rows in updates.items():
+            statements.update_rows(model, names, keys, rows)
         for pair in pairs:
             stream, after = str(pair.one.aggregate_id), pair.expected_version
             token = pending_cleared.set(pair.hint)

@@ -166,18 +166,62 @@ def rows_statement(
             return f"UPDATE {table} SET {assignments} WHERE {condition}"  # noqa: S608 - identifiers
         return f"DELETE FROM {table} WHERE {condition}"  # noqa: S608 - identifiers
 
-    names = (tuple(values), tuple(where))
-    sql = statement((model._meta.db_table, verb, *names, only_if), build)
-    key = (model, *names)
+    sql = statement((model._meta.db_table, verb, tuple(values), tuple(where), only_if), build)
+    return sql, row_params(model, values, where)
+
+
+def row_params(model: type[Any], values: dict[str, Any], where: dict[str, Any]) -> list[Any]:
+    """The parameters of a :func:`rows_statement` (the values, then the conditions), each
+    prepared by its field."""
+    key = (model, tuple(values), tuple(where))
     fields = _FIELDS.get(key)
     if fields is None:
-        named = (*names[0], *names[1])
-        fields = _FIELDS[key] = tuple(model._meta.get_field(name) for name in named)
-    params = [
+        fields = _FIELDS[key] = tuple(model._meta.get_field(name) for name in (*values, *where))
+    conn = engine()
+    return [
         field.get_db_prep_save(value, conn)
         for field, value in zip(fields, (*values.values(), *where.values()), strict=True)
     ]
-    return sql, params
+
+
+def update_rows(
+    model: type[Any], names: tuple[str, ...], keys: tuple[str, ...], rows: list[list[Any]]
+) -> None:
+    """Set each of ``model``'s rows matching a row's ``keys`` to its ``names`` (PostgreSQL).
+
+    Each of ``rows`` is a :func:`row_params` list (the values of ``names``,
+    then of ``keys``). One statement for them all, the columns as arrays,
+    unless two rows name the same keys: then in order, a statement each,
+    pipelined (one statement would give the table's row either's values).
+    """
+    with hot_cursor() as cursor:
+        if len({tuple(row[len(names) :]) for row in rows}) == len(rows):
+            columns = [list(column) for column in zip(*rows, strict=True)]
+            cursor.execute(_update_set(model, names, keys), columns)
+        else:
+            sql, _ = rows_statement(model, "UPDATE", dict.fromkeys(names), dict.fromkeys(keys))
+            cursor.executemany(sql, rows)
+
+
+def _update_set(model: type[Any], names: tuple[str, ...], keys: tuple[str, ...]) -> str:
+    conn = engine()
+
+    def build() -> str:
+        ops = conn.ops
+        table = ops.quote_name(model._meta.db_table)
+        fields = [model._meta.get_field(name) for name in (*names, *keys)]
+        columns = [ops.quote_name(str(field.column)) for field in fields]
+        arrays = ", ".join(f"%s::{field.db_type(conn)}[]" for field in fields)
+        aliases = ", ".join(f"v{index}" for index in range(len(fields)))
+        pairs = [f"{column} = v.v{index}" for index, column in enumerate(columns)]
+        assignments = ", ".join(pairs[: len(names)])
+        condition = " AND ".join(f"t.{pair}" for pair in pairs[len(names) :])
+        return (
+            f"UPDATE {table} AS t SET {assignments} "  # noqa: S608 - identifiers
+            f"FROM unnest({arrays}) AS v({aliases}) WHERE {condition}"
+        )
+
+    return statement((model._meta.db_table, "UPDATE_SET", names, keys), build)
 
 
 #: The fields of a :func:`rows_statement`'s values and conditions, per model and

@@ -15,10 +15,12 @@ import pytest
 from django.core.checks import run_checks
 from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
+from kumiko_workflows.store import statements
 from kumiko_workflows.workflow.registry import registry
 from tests.support import trigger, types_of
 from tests.testapp import workflows as w
@@ -95,7 +97,9 @@ def test_a_refused_statement_rolls_the_batch_back_and_it_goes_again_one_by_one(t
     refused = []
 
     def refuse_the_batch_update(execute, sql, params, many, context):
-        if many and sql.startswith('UPDATE "kumiko_workflows_workflowrun"') and not refused:
+        # The batch's status rows: one UPDATE, the rows as arrays.
+        together = sql.startswith('UPDATE "kumiko_workflows_workflowrun"') and "unnest(" in sql
+        if together and not refused:
             refused.append(sql)
             raise OperationalError("injected: the database refused the statement")
         return execute(sql, params, many, context)
@@ -208,3 +212,34 @@ def test_batch_together_must_be_a_bool(settings):
     settings.KUMIKO_WORKFLOWS = {**settings.KUMIKO_WORKFLOWS, "BATCH_TOGETHER": "yes"}
     errors = [e for e in run_checks() if e.id == "kumiko_workflows.E030"]
     assert errors and "'yes'" in errors[0].msg
+
+
+def test_status_rows_written_together_take_their_own_values_and_a_row_named_twice_its_last(
+    past,
+):
+    """``update_rows``: rows of their own in one statement, the columns as arrays (a column
+    of nulls and one of instants among them); a row named twice in order, its last values
+    kept (one statement would keep either's)."""
+    runs = _due_runs(3, past)
+    tenant = WorkflowRun.objects.get(run_id=runs[0]).tenant_id
+    names, keys = ("step", "wake_at", "updated_at"), ("tenant_id", "run_id")
+    at = timezone.now()
+
+    def row(run, step, seconds):
+        values = {"step": step, "wake_at": None, "updated_at": at + timedelta(seconds=seconds)}
+        return statements.row_params(WorkflowRun, values, {"tenant_id": tenant, "run_id": run})
+
+    with CaptureQueriesContext(connection) as queries:
+        statements.update_rows(
+            WorkflowRun, names, keys, [row(run, f"s{i}", i) for i, run in enumerate(runs)]
+        )
+    assert len(queries) == 1 and "unnest(" in queries[0]["sql"], queries
+    written = WorkflowRun.objects.filter(run_id__in=runs)
+    assert {(r.run_id, r.step, r.wake_at, r.updated_at) for r in written} == {
+        (run, f"s{i}", None, at + timedelta(seconds=i)) for i, run in enumerate(runs)
+    }
+    twice = [row(runs[0], "first", 0), row(runs[0], "last", 1)]
+    with CaptureQueriesContext(connection) as queries:
+        statements.update_rows(WorkflowRun, names, keys, twice)
+    assert [q["sql"] for q in queries if "unnest(" in q["sql"]] == [], queries
+    assert WorkflowRun.objects.values_list("step", flat=True).get(run_id=runs[0]) == "last"

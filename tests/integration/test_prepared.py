@@ -102,8 +102,8 @@ def test_resumes_row_by_row_prepare_the_claim_and_the_chained_insert(new_connect
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_batches_claimed_together_prepare_their_claim_and_their_insert(new_connection):
-    """Two passes of three runs: the batch's claim and its insert of the runs' last events
-    are prepared at the second."""
+    """Two passes of three runs: the batch's claim, its insert of the runs' last events and
+    its update of their status rows are prepared at the second."""
     for _ in range(2):
         events = [trigger("t.wait", **{"for": "PT0S"}) for _ in range(3)]
         report = resume_due_runs(now=events[-1].created_at + timedelta(seconds=1))
@@ -111,7 +111,10 @@ def test_batches_claimed_together_prepare_their_claim_and_their_insert(new_conne
     statements = prepared()
     claims = [runs for sql, runs in statements.items() if "id = ANY(ARRAY(" in sql]
     together = [runs for sql, runs in statements.items() if "unnest(" in sql]
-    assert (claims, together) == ([1], [1]), list(statements)
+    updates = [
+        runs for sql, runs in statements.items() if sql.startswith("UPDATE") and "unnest(" in sql
+    ]
+    assert (claims, together, updates) == ([1], [1, 1], [1]), list(statements)
 
 
 @pytest.mark.not_citus(reason=NOT_PREPARED)
