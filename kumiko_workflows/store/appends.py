@@ -214,12 +214,6 @@ def batch_pairs_sql() -> str:
     return statement(("batch_pairs",), build)
 
 
-def run_many(sql: str, rows: list[list[Any]], conn: BaseDatabaseWrapper | None = None) -> None:
-    """Execute ``sql`` once for each of ``rows`` on the hot cursor, pipelined by the driver."""
-    with hot_cursor(conn) as cursor:
-        cursor.executemany(sql, rows)
-
-
 def run_insert(
     sql: str, params: list[Any], conn: BaseDatabaseWrapper | None = None
 ) -> list[tuple[Any, ...]]:
