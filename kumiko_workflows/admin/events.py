@@ -60,12 +60,13 @@ class EventAdmin(CheapListMixin, WorkflowAdmin):
         "preview",
         "tenant_id",
     )
-    # The choices from kw_event_tenant_type_id: one probe per tenant and type;
-    # the aggregate types are those of each type's newest event.
+    # The choices from an index, one probe per tenant and value: the types from
+    # kw_event_tenant_type_id, the aggregate types from the streams' first
+    # events (kw_event_tenant_head_type: a stream keeps its aggregate type).
     list_filter = (
         EventKindFilter,
         ("type", indexed("tenant_id", "type")),
-        ("aggregate_type", indexed("tenant_id", "type", newest="aggregate_type")),
+        ("aggregate_type", indexed("tenant_id", "aggregate_type", where={"version": 1})),
         ("tenant_id", indexed("tenant_id")),
     )
     search_fields = ("aggregate_id",)

@@ -81,9 +81,9 @@ class IndexedValuesFilter(AllValuesFieldListFilter):
     nullable = False
     #: The model whose index is read (default: the admin's own).
     source: type[Model] | None = None
-    #: Read this column of each distinct tuple's newest row instead (see
-    #: :func:`~kumiko_workflows.store.choices.distinct_values`).
-    newest = ""
+    #: Among the rows whose fields have these integer values only: a partial
+    #: index's condition (see :func:`~kumiko_workflows.store.choices.distinct_values`).
+    where: ClassVar[dict[str, int] | None] = None
 
     def __init__(
         self,
@@ -100,16 +100,19 @@ class IndexedValuesFilter(AllValuesFieldListFilter):
             self.columns,
             admin_tenant(request),
             nullable=self.nullable,
-            newest=self.newest,
+            where=self.where,
         )
         self.lookup_choices = values  # type: ignore[assignment]  # a list, not a queryset
 
 
 def indexed(
-    *columns: str, nullable: bool = False, source: type[Model] | None = None, newest: str = ""
+    *columns: str,
+    nullable: bool = False,
+    source: type[Model] | None = None,
+    where: dict[str, int] | None = None,
 ) -> type[IndexedValuesFilter]:
     """An :class:`IndexedValuesFilter` reading index columns ``columns`` (of ``source``)."""
-    attributes = {"columns": columns, "nullable": nullable, "source": source, "newest": newest}
+    attributes = {"columns": columns, "nullable": nullable, "source": source, "where": where}
     return type("IndexedValuesFilter", (IndexedValuesFilter,), attributes)
 
 

@@ -74,6 +74,13 @@ class Event(models.Model):
             models.Index(
                 fields=["aggregate_id"], condition=Q(version=1), name="kw_event_stream_head"
             ),
+            # The aggregate types a tenant's streams have (the admin's filter
+            # choices, a loose index scan): one small entry per stream.
+            models.Index(
+                fields=["tenant_id", "aggregate_type"],
+                condition=Q(version=1),
+                name="kw_event_tenant_head_type",
+            ),
         ]
 
     def __str__(self) -> str:

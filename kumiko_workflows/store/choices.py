@@ -37,26 +37,32 @@ def _ident(text: str) -> str:
     return text
 
 
-def _probe(table: str, columns: Sequence[str], level: int, source: str, after: bool) -> str:
+def _probe(
+    table: str, columns: Sequence[str], level: int, source: str, after: bool, only: str
+) -> str:
     """The scalar subquery of level ``level``: the first (or next) value of column ``level``
-    under the values of the levels above it, read from CTE ``source``."""
+    under the values of the levels above it, read from CTE ``source`` (``only``: a
+    condition every row read meets, ANDed)."""
     column = _ident(columns[level])
     above = "".join(f"{_ident(columns[i])} = {_ident(f'{source}.v{i}')} AND " for i in range(level))
     last = f"{column} > {_ident(f'{source}.v{level}')}" if after else f"{column} IS NOT NULL"
     return (
-        f"(SELECT {column} FROM {_ident(table)} WHERE {above}{last} "  # noqa: S608 - identifiers
+        f"(SELECT {column} FROM {_ident(table)} WHERE {above}{last}{only} "  # noqa: S608 - identifiers
         f"ORDER BY {column} LIMIT 1)"
     )
 
 
-def _loose_scan(
-    table: str, columns: Sequence[str], scoped: bool, nullable: bool, newest: str = ""
-) -> str:
-    """The loose index scan over ``columns`` (an index's leading columns, tenant first).
+def _only(where: dict[str, int]) -> str:
+    """`` AND column = n`` for each of ``where`` (quoted columns, integers as literals: the
+    condition of a partial index, which the planner matches only against a literal)."""
+    return "".join(f" AND {_ident(column)} = {int(value)}" for column, value in where.items())
 
-    ``newest``: instead of the last column's values, column ``newest`` of
-    the newest row (by ``id``, the index's next column) of each distinct tuple.
-    """
+
+def _loose_scan(
+    table: str, columns: Sequence[str], scoped: bool, nullable: bool, only: str = ""
+) -> str:
+    """The loose index scan over ``columns`` (an index's leading columns, tenant first),
+    among the rows that meet ``only`` (:func:`_only`'s condition)."""
     ctes = []
     for level in range(len(columns)):
         name = _ident(f"l{level}")
@@ -66,14 +72,14 @@ def _loose_scan(
             ctes.append(f"{name}(v0) AS (SELECT %s)")
             continue
         if level == 0:
-            first = f"SELECT {_probe(table, columns, 0, '', False)}"
+            first = f"SELECT {_probe(table, columns, 0, '', False, only)}"
         else:
             first = (
-                f"SELECT {keep}{_probe(table, columns, level, above, False)} "  # noqa: S608
+                f"SELECT {keep}{_probe(table, columns, level, above, False, only)} "  # noqa: S608
                 f"FROM {above} WHERE {_ident(f'v{level - 1}')} IS NOT NULL"
             )
         step = (
-            f"SELECT {keep}{_probe(table, columns, level, name, True)} "  # noqa: S608
+            f"SELECT {keep}{_probe(table, columns, level, name, True, only)} "  # noqa: S608
             f"FROM {name} WHERE {_ident(f'v{level}')} IS NOT NULL"
         )
         values = ", ".join(_ident(f"v{i}") for i in range(level + 1))
@@ -81,14 +87,6 @@ def _loose_scan(
     last = _ident(f"l{len(columns) - 1}")
     value = _ident(f"v{len(columns) - 1}")
     found = f"SELECT DISTINCT {value} FROM {last} WHERE {value} IS NOT NULL"  # noqa: S608
-    if newest:
-        same = " AND ".join(
-            f"{_ident(columns[i])} = {_ident(f'{last}.v{i}')}" for i in range(len(columns))
-        )
-        found = (
-            f"SELECT DISTINCT (SELECT {_ident(newest)} FROM {_ident(table)} WHERE {same} "  # noqa: S608
-            f"ORDER BY id DESC LIMIT 1) FROM {last} WHERE {value} IS NOT NULL"
-        )
     if nullable:
         # NULL sorts last on PostgreSQL and first on SQLite, and is never "> v":
         # one probe per parent value for it instead.
@@ -99,7 +97,7 @@ def _loose_scan(
         found += (
             f" UNION SELECT NULL FROM {parent} WHERE {_ident(f'v{len(columns) - 2}')} "  # noqa: S608
             f"IS NOT NULL AND EXISTS (SELECT 1 FROM {_ident(table)} WHERE {same} "
-            f"AND {_ident(columns[-1])} IS NULL)"
+            f"AND {_ident(columns[-1])} IS NULL{only})"
         )
     # Each CTE and the final select are checked statements of identifiers.
     return "WITH RECURSIVE " + ", ".join(ctes) + " " + found
@@ -111,31 +109,34 @@ def distinct_values(
     tenant: str | None = None,
     *,
     nullable: bool = False,
-    newest: str = "",
+    where: dict[str, int] | None = None,
 ) -> list[Any]:
     """The distinct values of the last of ``columns`` among ``model``'s rows (of ``tenant``).
 
     ``columns`` are the leading columns of one of the table's indexes, the
     tenant's first (``["tenant_id", "workflow_name"]``); ``nullable``: the
     last may be NULL, and None is then among the values if a row has it.
-    ``newest``: the values of that column instead, on the newest row (by
-    ``id``, which must follow ``columns`` in the index) of each distinct
-    tuple of ``columns``. Sorted, None last.
+    ``where``: among the rows whose fields have these integer values only
+    (a partial index's condition, ``{"version": 1}``). Sorted, None last.
     """
     conn = engine()
     ops = conn.ops
     table = ops.quote_name(model._meta.db_table)
     quoted = [ops.quote_name(model._meta.get_field(column).column) for column in columns]
-    wanted = ops.quote_name(model._meta.get_field(newest).column) if newest else ""
+    only = _only(
+        {ops.quote_name(model._meta.get_field(name).column): n for name, n in (where or {}).items()}
+    )
     if distributed():
-        where = f" WHERE {_ident(quoted[0])} = %s" if tenant is not None else ""
-        shown = _ident(wanted or quoted[-1])
-        sql = f"SELECT DISTINCT {shown} FROM {table}{where}"  # noqa: S608 - identifiers
+        tenant_only = f" AND {_ident(quoted[0])} = %s" if tenant is not None else ""
+        sql = (
+            f"SELECT DISTINCT {_ident(quoted[-1])} FROM {table} "  # noqa: S608 - identifiers
+            f"WHERE TRUE{tenant_only}{only}"
+        )
     else:
-        key = (model._meta.label, tuple(columns), tenant is not None, nullable, newest)
+        key = (model._meta.label, tuple(columns), tenant is not None, nullable, only)
         sql = statement(
             ("distinct_values", *key),
-            lambda: _loose_scan(table, quoted, tenant is not None, nullable, wanted),
+            lambda: _loose_scan(table, quoted, tenant is not None, nullable, only),
         )
     with atomic(), conn.cursor() as cursor:
         jit = None

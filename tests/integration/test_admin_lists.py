@@ -9,12 +9,14 @@ rows and never count, nor read the distinct values of, a whole table.
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from kumiko_workflows import append_event
 from kumiko_workflows.admin.lists import CappedPaginator
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.store.choices import distinct_values
@@ -63,6 +65,18 @@ def test_the_run_list_filters_offer_the_values_the_runs_have(client, root, sprea
     assert choices(page, "workflow_name") == list(names.distinct())
 
 
+def test_the_event_list_offers_every_aggregate_type_an_event_type_has(client, root):
+    """``order.paid`` on an invoice's stream, then on an order's: both aggregate types are
+    offered (each event type's newest event alone would say "order" only), and no other."""
+    for kind in ("invoice", "order"):
+        append_event(uuid.uuid4(), kind, "order.paid", {"n": 1}, tenant_id="acme")
+    append_event(uuid.uuid4(), "refund", "refund.made", {}, tenant_id="rival")
+    events = client.get(reverse(EVENTS))
+    assert choices(events, "aggregate_type") == ["invoice", "order", "refund"]
+    paid = client.get(reverse(EVENTS), {"type__exact": "order.paid"})
+    assert sorted(e.aggregate_type for e in paid.context["cl"].result_list) == ["invoice", "order"]
+
+
 def test_a_tenant_scoped_user_s_filters_offer_its_tenant_s_values(
     client, django_user_model, scoped, spread
 ):
@@ -104,10 +118,17 @@ def test_distinct_values_reads_each_level_and_the_empty_value():
     WorkflowRun.objects.filter(tenant_id="b").update(workflow_version=None)
     assert distinct_values(WorkflowRun, columns, nullable=True) == [1, None]
     assert distinct_values(WorkflowRun, columns, "b", nullable=True) == [None]
-    types = ["tenant_id", "type"]
-    assert distinct_values(Event, types, "a", newest="aggregate_type") == sorted(
-        set(Event.objects.filter(tenant_id="a").values_list("aggregate_type", flat=True))
-    )
+    append_event(uuid.uuid4(), "one-event", "t.noted", {}, tenant_id="a")  # no second version
+    kinds = ["tenant_id", "aggregate_type"]
+
+    def present(**where):
+        rows = Event.objects.filter(tenant_id="a", **where)
+        return sorted(set(rows.values_list("aggregate_type", flat=True)))
+
+    assert distinct_values(Event, kinds, "a", where={"version": 1}) == present()
+    # Among the rows that meet the condition only.
+    assert "one-event" not in present(version=2)
+    assert distinct_values(Event, kinds, "a", where={"version": 2}) == present(version=2)
 
 
 def test_reading_filter_choices_leaves_the_caller_s_jit_setting_as_it_was():
