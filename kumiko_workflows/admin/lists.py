@@ -81,9 +81,9 @@ class IndexedValuesFilter(AllValuesFieldListFilter):
     nullable = False
     #: The model whose index is read (default: the admin's own).
     source: type[Model] | None = None
-    #: Among the rows whose fields have these integer values only: a partial
+    #: Among the rows whose fields have these values only: a partial
     #: index's condition (see :func:`~kumiko_workflows.store.choices.distinct_values`).
-    where: ClassVar[dict[str, int] | None] = None
+    where: ClassVar[dict[str, Any] | None] = None
 
     def __init__(
         self,
@@ -109,7 +109,7 @@ def indexed(
     *columns: str,
     nullable: bool = False,
     source: type[Model] | None = None,
-    where: dict[str, int] | None = None,
+    where: dict[str, Any] | None = None,
 ) -> type[IndexedValuesFilter]:
     """An :class:`IndexedValuesFilter` reading index columns ``columns`` (of ``source``)."""
     attributes = {"columns": columns, "nullable": nullable, "source": source, "where": where}

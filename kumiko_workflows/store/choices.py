@@ -38,31 +38,40 @@ def _ident(text: str) -> str:
 
 
 def _probe(
-    table: str, columns: Sequence[str], level: int, source: str, after: bool, only: str
+    table: str,
+    columns: Sequence[str],
+    level: int,
+    source: str,
+    after: bool,
+    conditions: Sequence[str],
 ) -> str:
     """The scalar subquery of level ``level``: the first (or next) value of column ``level``
-    under the values of the levels above it, read from CTE ``source`` (``only``: a
-    condition every row read meets, ANDed)."""
+    under the values of the levels above it, read from CTE ``source``, among the rows
+    that meet :func:`_only`'s ``conditions``."""
     column = _ident(columns[level])
     above = "".join(f"{_ident(columns[i])} = {_ident(f'{source}.v{i}')} AND " for i in range(level))
     last = f"{column} > {_ident(f'{source}.v{level}')}" if after else f"{column} IS NOT NULL"
     return (
-        f"(SELECT {column} FROM {_ident(table)} WHERE {above}{last}{only} "  # noqa: S608 - identifiers
+        f"(SELECT {column} FROM {_ident(table)} WHERE {above}{last}{_only(conditions)} "  # noqa: S608
         f"ORDER BY {column} LIMIT 1)"
     )
 
 
-def _only(where: dict[str, int]) -> str:
-    """`` AND column = n`` for each of ``where`` (quoted columns, integers as literals: the
-    condition of a partial index, which the planner matches only against a literal)."""
-    return "".join(f" AND {_ident(column)} = {int(value)}" for column, value in where.items())
+def _only(columns: Sequence[str]) -> str:
+    """`` AND column = %s`` for each of ``columns`` (quoted): a partial index's condition,
+    its values parameters (bound with the values, the plan still matches the index)."""
+    return "".join(f" AND {_ident(column)} = %s" for column in columns)
 
 
 def _loose_scan(
-    table: str, columns: Sequence[str], scoped: bool, nullable: bool, only: str = ""
+    table: str,
+    columns: Sequence[str],
+    scoped: bool,
+    nullable: bool,
+    conditions: Sequence[str] = (),
 ) -> str:
     """The loose index scan over ``columns`` (an index's leading columns, tenant first),
-    among the rows that meet ``only`` (:func:`_only`'s condition)."""
+    among the rows that meet :func:`_only`'s ``conditions``."""
     ctes = []
     for level in range(len(columns)):
         name = _ident(f"l{level}")
@@ -72,14 +81,14 @@ def _loose_scan(
             ctes.append(f"{name}(v0) AS (SELECT %s)")
             continue
         if level == 0:
-            first = f"SELECT {_probe(table, columns, 0, '', False, only)}"
+            first = f"SELECT {_probe(table, columns, 0, '', False, conditions)}"
         else:
             first = (
-                f"SELECT {keep}{_probe(table, columns, level, above, False, only)} "  # noqa: S608
+                f"SELECT {keep}{_probe(table, columns, level, above, False, conditions)} "  # noqa: S608
                 f"FROM {above} WHERE {_ident(f'v{level - 1}')} IS NOT NULL"
             )
         step = (
-            f"SELECT {keep}{_probe(table, columns, level, name, True, only)} "  # noqa: S608
+            f"SELECT {keep}{_probe(table, columns, level, name, True, conditions)} "  # noqa: S608
             f"FROM {name} WHERE {_ident(f'v{level}')} IS NOT NULL"
         )
         values = ", ".join(_ident(f"v{i}") for i in range(level + 1))
@@ -97,7 +106,7 @@ def _loose_scan(
         found += (
             f" UNION SELECT NULL FROM {parent} WHERE {_ident(f'v{len(columns) - 2}')} "  # noqa: S608
             f"IS NOT NULL AND EXISTS (SELECT 1 FROM {_ident(table)} WHERE {same} "
-            f"AND {_ident(columns[-1])} IS NULL{only})"
+            f"AND {_ident(columns[-1])} IS NULL{_only(conditions)})"
         )
     # Each CTE and the final select are checked statements of identifiers.
     return "WITH RECURSIVE " + ", ".join(ctes) + " " + found
@@ -109,34 +118,33 @@ def distinct_values(
     tenant: str | None = None,
     *,
     nullable: bool = False,
-    where: dict[str, int] | None = None,
+    where: dict[str, Any] | None = None,
 ) -> list[Any]:
     """The distinct values of the last of ``columns`` among ``model``'s rows (of ``tenant``).
 
     ``columns`` are the leading columns of one of the table's indexes, the
     tenant's first (``["tenant_id", "workflow_name"]``); ``nullable``: the
     last may be NULL, and None is then among the values if a row has it.
-    ``where``: among the rows whose fields have these integer values only
-    (a partial index's condition, ``{"version": 1}``). Sorted, None last.
+    ``where``: among the rows whose fields have these values only (a
+    partial index's condition, ``{"version": 1}``). Sorted, None last.
     """
     conn = engine()
     ops = conn.ops
     table = ops.quote_name(model._meta.db_table)
     quoted = [ops.quote_name(model._meta.get_field(column).column) for column in columns]
-    only = _only(
-        {ops.quote_name(model._meta.get_field(name).column): n for name, n in (where or {}).items()}
-    )
+    where = where or {}
+    conditions = [ops.quote_name(model._meta.get_field(name).column) for name in where]
     if distributed():
         tenant_only = f" AND {_ident(quoted[0])} = %s" if tenant is not None else ""
         sql = (
             f"SELECT DISTINCT {_ident(quoted[-1])} FROM {table} "  # noqa: S608 - identifiers
-            f"WHERE TRUE{tenant_only}{only}"
+            f"WHERE TRUE{tenant_only}{_only(conditions)}"
         )
     else:
-        key = (model._meta.label, tuple(columns), tenant is not None, nullable, only)
+        key = (model._meta.label, tuple(columns), tenant is not None, nullable, *conditions)
         sql = statement(
             ("distinct_values", *key),
-            lambda: _loose_scan(table, quoted, tenant is not None, nullable, only),
+            lambda: _loose_scan(table, quoted, tenant is not None, nullable, conditions),
         )
     with atomic(), conn.cursor() as cursor:
         jit = None
@@ -147,7 +155,10 @@ def distinct_values(
             # a SET LOCAL would last to the end of the caller's transaction.
             cursor.execute("SELECT current_setting('jit'), set_config('jit', 'off', true)")
             jit, _ = cursor.fetchone()
-        cursor.execute(sql, [] if tenant is None else [tenant])
+        # The tenant comes first in the text; the condition's values in each probe.
+        only = _only(conditions)
+        values = [*where.values()] * (sql.count(only) if only else 0)
+        cursor.execute(sql, [*([] if tenant is None else [tenant]), *values])
         values = [value for (value,) in cursor.fetchall()]
         if jit is not None:
             cursor.execute("SELECT set_config('jit', %s, true)", [jit])

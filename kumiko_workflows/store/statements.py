@@ -207,21 +207,32 @@ def _update_set(model: type[Any], names: tuple[str, ...], keys: tuple[str, ...])
     conn = engine()
 
     def build() -> str:
-        ops = conn.ops
-        table = ops.quote_name(model._meta.db_table)
-        fields = [model._meta.get_field(name) for name in (*names, *keys)]
-        columns = [ops.quote_name(str(field.column)) for field in fields]
-        arrays = ", ".join(f"%s::{field.db_type(conn)}[]" for field in fields)
-        aliases = ", ".join(f"v{index}" for index in range(len(fields)))
-        pairs = [f"{column} = v.v{index}" for index, column in enumerate(columns)]
-        assignments = ", ".join(pairs[: len(names)])
-        condition = " AND ".join(f"t.{pair}" for pair in pairs[len(names) :])
+        ops, meta, width = conn.ops, model._meta, len(names)
+        table = ops.quote_name(meta.db_table)
+        # The arrays in the order names, keys; each row's values are v0, v1, …
+        named = (*names, *keys)
+        arrays = ", ".join(f"%s::{_array_of(meta.get_field(name), conn)}" for name in named)
+        aliases = ", ".join(ops.quote_name(f"v{index}") for index in range(len(named)))
+        assignments = ", ".join(
+            f"{ops.quote_name(meta.get_field(name).column)} = v.{ops.quote_name(f'v{index}')}"
+            for index, name in enumerate(names)
+        )
+        condition = " AND ".join(
+            f"t.{ops.quote_name(meta.get_field(name).column)} = "
+            f"v.{ops.quote_name(f'v{width + index}')}"
+            for index, name in enumerate(keys)
+        )
         return (
             f"UPDATE {table} AS t SET {assignments} "  # noqa: S608 - identifiers
             f"FROM unnest({arrays}) AS v({aliases}) WHERE {condition}"
         )
 
     return statement((model._meta.db_table, "UPDATE_SET", names, keys), build)
+
+
+def _array_of(field: Any, conn: Any) -> str:
+    """The type of an array of ``field``'s column (its model's definition, never input)."""
+    return f"{field.db_type(conn)}[]"
 
 
 #: The fields of a :func:`rows_statement`'s values and conditions, per model and

@@ -326,7 +326,7 @@ SQL_WORDS = re.compile(
 IDENTIFIER_SOURCES = re.compile(
     r"quote_name\(|_meta\.db_table|\bself\.table\(|\bself\.scratch_like\(|\bself\.prefix\b"
     r"|sql\.Identifier\(|\b_now_sql\(|\bwait_paths_cte\(|\b_scanned_waits\(|\b_build_insert\("
-    r"|\b_ident\(|\b_probe\("
+    r"|\b_ident\(|\b_probe\(|\b_only\(|\b_array_of\("
 )
 
 
