@@ -157,8 +157,8 @@ def distinct_values(
             jit, _ = cursor.fetchone()
         # The tenant comes first in the text; the condition's values in each probe.
         only = _only(conditions)
-        values = [*where.values()] * (sql.count(only) if only else 0)
-        cursor.execute(sql, [*([] if tenant is None else [tenant]), *values])
+        bound = [*where.values()] * (sql.count(only) if only else 0)
+        cursor.execute(sql, [*([] if tenant is None else [tenant]), *bound])
         values = [value for (value,) in cursor.fetchall()]
         if jit is not None:
             cursor.execute("SELECT set_config('jit', %s, true)", [jit])
