@@ -183,10 +183,13 @@ def batch_pairs_sql() -> str:
     One statement for every run's two events, the columns as arrays: each
     row written only after its stream's expected version (of the same
     aggregate type), as a run's own append checks, and a version taken left
-    out; returns (id, aggregate_id, version) of each row written. The
-    payloads and the metadata each go as one JSON array's text (the
-    documents joined), not as a text array: the driver would escape every
-    quote of every document on the client.
+    out; returns (id, aggregate_id, version) of each row written. The rows
+    are inserted in the arrays' order (``ORDER BY`` their ordinal, whatever
+    the plan of the check): so the ids follow the versions within a stream,
+    and the batch's runs in the order they were claimed. The payloads and
+    the metadata each go as one JSON array's text (the documents joined),
+    not as a text array: the driver would escape every quote of every
+    document on the client.
     """
 
     def build() -> str:
@@ -204,9 +207,10 @@ def batch_pairs_sql() -> str:
             "FROM unnest(%s::text[], %s::uuid[], %s::text[], %s::text[], %s::int[], "
             f"{documents}, {documents}, "
             "%s::text[], %s::timestamptz[], %s::int[], %s::int[]) "
-            "AS x(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10) "
+            "WITH ORDINALITY AS x(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, n) "
             f"WHERE EXISTS (SELECT 1 FROM {table} p WHERE p.tenant_id = x.c0 "
             "AND p.aggregate_id = x.c1 AND p.version = x.c10 AND p.aggregate_type = x.c2) "
+            "ORDER BY x.n "
             "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING "
             "RETURNING id, aggregate_id, version"
         )

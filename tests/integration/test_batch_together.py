@@ -9,6 +9,7 @@ reached put back as they were.
 from __future__ import annotations
 
 import itertools
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -17,7 +18,14 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from kumiko_workflows import define_workflow, on_event, resume_due_runs, run_id_for, steps
+from kumiko_workflows import (
+    append_event,
+    define_workflow,
+    on_event,
+    resume_due_runs,
+    run_id_for,
+    steps,
+)
 from kumiko_workflows import event_types as et
 from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.store import statements
@@ -243,3 +251,35 @@ def test_status_rows_written_together_take_their_own_values_and_a_row_named_twic
         statements.update_rows(WorkflowRun, names, keys, twice)
     assert [q["sql"] for q in queries if "unnest(" in q["sql"]] == [], queries
     assert WorkflowRun.objects.values_list("step", flat=True).get(run_id=runs[0]) == "last"
+
+
+def test_a_batch_s_events_take_their_ids_in_claim_order_and_each_stream_s_in_version_order(
+    together,
+):
+    """The batch's one insert gives ids in the order its runs were claimed (here by
+    priority, against the order they started in) and, within each run's stream, in version
+    order, whatever plan the server picks for the insert's check (a rebuild replays by id)."""
+    flows = [
+        define_workflow(
+            name=f"ordered-{name}",
+            trigger=on_event(f"ordered.{name}", priority=priority),
+            idempotency_key=lambda event: event.payload["key"],
+            start="worker",
+            steps=[steps.compute("done", lambda ctx: {})],
+            register=False,
+        )
+        for name, priority in (("low", -100), ("mid", 80), ("high", 100))
+    ]
+    with registry.override(*flows):
+        for name in ("low", "mid", "high"):
+            append_event(uuid.uuid4(), "thing", f"ordered.{name}", {"key": name})
+        resume_due_runs(now=timezone.now() + _SECOND)
+    resumed = Event.objects.filter(type=et.RESUMED).order_by("id")
+    order = [
+        Event.objects.get(aggregate_id=event.aggregate_id, version=1).payload["workflow_name"]
+        for event in resumed
+    ]
+    assert order == ["ordered-high", "ordered-mid", "ordered-low"]
+    for event in resumed:
+        stream = Event.objects.filter(aggregate_id=event.aggregate_id)
+        assert list(stream.order_by("id")) == list(stream.order_by("version")), event
