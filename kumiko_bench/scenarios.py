@@ -719,8 +719,8 @@ class Bench:
             scaling = two_vs_one(engine_times)
             self.out(f"RATIO name=drain_2_vs_1 value={scaling:.3f}")
             # What two processes gain on this machine for the same work by hand.
-            floors = {"floor": two_vs_one(floor_times), "floor_batch": two_vs_one(batched_times)}
-            for floor, ratio in floors.items():
+            gains = {"floor": two_vs_one(floor_times), "floor_batch": two_vs_one(batched_times)}
+            for floor, ratio in gains.items():
                 self.out(f"RATIO name={floor}_2_vs_1 value={ratio:.3f}")
             two_times = engine_times["drain_2"]
             self.results.append(
@@ -732,8 +732,8 @@ class Bench:
                     scaling,
                     "kumiko, 1 worker",
                     note=(
-                        f"the per-run floor's 2 / 1: {floors['floor']:.2f}; "
-                        f"the batched floor's: {floors['floor_batch']:.2f}"
+                        f"the per-run floor's 2 / 1: {gains['floor']:.2f}; "
+                        f"the batched floor's: {gains['floor_batch']:.2f}"
                     ),
                 )
             )
