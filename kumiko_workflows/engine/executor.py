@@ -116,6 +116,10 @@ class Executor:
         except Exception as exc:
             raise self._step_error(path, "raised", exc) from exc
 
+    def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
+        where = f"{self._label(path)}: {what}"
+        return failure_from_exception(STEP_FAILED, path_text(path), where, exc)
+
     def store(self, path: tuple[Any, ...], name: str, result: Any) -> None:
         try:
             self.ctx.steps[name] = to_json(result, f"ctx.steps[{name!r}]")
@@ -127,10 +131,6 @@ class Executor:
                 f"{label}: its result is not JSON-serialisable",
                 detail=f"{label}: {exc}",
             ) from None
-
-    def _step_error(self, path: tuple[Any, ...], what: str, exc: BaseException) -> Failure:
-        where = f"{self._label(path)}: {what}"
-        return failure_from_exception(STEP_FAILED, path_text(path), where, exc)
 
     def invalid(self, path: tuple[Any, ...], detail: str) -> Exception:
         label = self._label(path)

@@ -9,10 +9,11 @@ writes every run's in one ``INSERT`` (each row checked against its stream's
 expected version, as the run's own statement would), then the run status
 rows the projections say ahead (one ``UPDATE`` per shape, the rows as
 arrays), then sends each event's ``post_save``, so the projections run as
-they would have at the append, in the batch's transaction. A run whose events are refused
-(its stream moved), a statement refused or a projection raising fails
-the whole flush (:class:`SetWritesFailed`): the caller rolls the batch back
-and resumes its rows again one at a time, where an error names its run.
+they would have at the append, in the batch's transaction. A run whose
+events are refused (its stream moved), a statement refused or a projection
+raising fails the whole flush (:class:`SetWritesFailed`): the caller rolls
+the batch back and resumes its rows again one at a time, where an error
+names its run.
 
 Only the pair that ends the claimed run's segment waits (a suspension or a
 terminal event second), and any other write to a stream with a waiting
