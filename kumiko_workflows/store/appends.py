@@ -183,7 +183,7 @@ def batch_pairs_sql() -> str:
     One statement for every run's two events, the columns as arrays: each
     row written only after its stream's expected version (of the same
     aggregate type), as a run's own append checks, and a version taken left
-    out; returns (id, aggregate_id, version) of each row written. The rows
+    out; returns (id, aggregate_id as text, version) of each row written. The rows
     are inserted in the arrays' order (``ORDER BY`` their ordinal, whatever
     the plan of the check): so the ids follow the versions within a stream,
     and the batch's runs in the order they were claimed. The payloads and
@@ -212,7 +212,8 @@ def batch_pairs_sql() -> str:
             "AND p.aggregate_id = x.c1 AND p.version = x.c10 AND p.aggregate_type = x.c2) "
             "ORDER BY x.n "
             "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING "
-            "RETURNING id, aggregate_id, version"
+            # The stream as text, as row_values names it.
+            "RETURNING id, aggregate_id::text, version"
         )
 
     return statement(("batch_pairs",), build)

@@ -33,6 +33,7 @@ from typing import Any
 from kumiko_workflows.models import Event, WorkflowRunPending
 from kumiko_workflows.store import appends, event_inserts, statements, waiting_pairs
 from kumiko_workflows.store import db as db_statements
+from kumiko_workflows.store.arrays import array_param
 from kumiko_workflows.store.dispatch import mark_applied, registry
 from kumiko_workflows.store.pending_hint import pending_cleared
 from kumiko_workflows.workflow import event_types as et
@@ -98,26 +99,30 @@ class BatchWrites:
 
     def _write(self, pairs: list[Pair]) -> None:
         db = db_statements.engine()
-        columns: list[list[Any]] = [[] for _ in range(11)]  # appends.batch_pairs_sql's
+        events: list[tuple[Any, ...]] = []  # appends.batch_pairs_sql's columns, a row an event
+        streams: list[str] = []  # each pair's stream id as the statement names it
         for pair in pairs:
-            for event, texts, offset in (
-                (pair.one, pair.one_texts, 1),
-                (pair.two, pair.two_texts, 2),
-            ):
-                values = event_inserts.row_values(db, event, texts)
-                for index, value in enumerate(
-                    (*values, pair.expected_version + offset, pair.expected_version)
-                ):
-                    columns[index].append(value)
-        # The payloads and the metadata (JSON texts) go as one JSON array each.
+            after = pair.expected_version
+            one = event_inserts.row_values(db, pair.one, pair.one_texts)
+            events.append((*one, after + 1, after))
+            two = event_inserts.row_values(db, pair.two, pair.two_texts)
+            events.append((*two, after + 2, after))
+            streams.append(one[1])
+        columns = list(zip(*events, strict=True))
+        # The payloads and the metadata (JSON texts) go as one JSON array each,
+        # the other columns as arrays' texts.
         documents = [f"[{','.join(texts)}]" for texts in columns[5:7]]
-        params: list[Any] = [*columns[:5], *documents, *columns[7:]]
+        params: list[Any] = [
+            *map(array_param, columns[:5]),
+            *documents,
+            *map(array_param, columns[7:]),
+        ]
         written = {
-            (str(aggregate), version): pk
+            (aggregate, version): pk
             for pk, aggregate, version in appends.run_insert(appends.batch_pairs_sql(), params, db)
         }
-        for pair in pairs:
-            stream, after = str(pair.one.aggregate_id), pair.expected_version
+        for pair, stream in zip(pairs, streams, strict=True):
+            after = pair.expected_version
             if (stream, after + 1) not in written or (stream, after + 2) not in written:
                 raise event_inserts.version_conflict(pair.one, after)
         updates: dict[tuple[Any, ...], list[list[Any]]] = {}
@@ -127,8 +132,8 @@ class BatchWrites:
                 updates.setdefault(shape, []).append(statements.row_params(model, values, where))
         for (model, names, keys), rows in updates.items():
             statements.update_rows(model, names, keys, rows)
-        for pair in pairs:
-            stream, after = str(pair.one.aggregate_id), pair.expected_version
+        for pair, stream in zip(pairs, streams, strict=True):
+            after = pair.expected_version
             token = pending_cleared.set(pair.hint)
             try:
                 event_inserts.saved(

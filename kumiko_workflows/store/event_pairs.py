@@ -89,9 +89,13 @@ def _insert_pair(
 ) -> None:
     """Insert ``one`` and ``two`` in one statement and send their signals, as :func:`insert`."""
     waiting_pairs.before_writing(one.aggregate_id)
-    one_values, two_values = row_values(db, one, one_texts), row_values(db, two, two_texts)
-    previous = [one_values[0], one_values[1], expected_version, one.aggregate_type]
-    params = [*one_values, expected_version + 1, *previous, *two_values, expected_version + 2]
+    writes: batch_writes.BatchWrites | None = waiting_pairs.batch_writes.get()
+    if writes is not None and not writes.takes(one.aggregate_id, two.type):
+        writes = None  # not the end of the run's segment: written now
+    if writes is None:
+        one_values, two_values = row_values(db, one, one_texts), row_values(db, two, two_texts)
+        previous = [one_values[0], one_values[1], expected_version, one.aggregate_type]
+        params = [*one_values, expected_version + 1, *previous, *two_values, expected_version + 2]
     for event in (one, two):
         pre_save.send(sender=Event, instance=event, raw=False, using=db.alias, update_fields=None)
     # Writes the projections say ahead for the last event (the run's status)
@@ -99,9 +103,9 @@ def _insert_pair(
     # (The event's version is known: expected + 2.)
     two.version = expected_version + 2
     folds = registry.folds(two)
-    writes: batch_writes.BatchWrites | None = waiting_pairs.batch_writes.get()
-    if writes is not None and writes.takes(one.aggregate_id, two.type):
-        # The run's segment ends here: written with the batch's others at its end.
+    if writes is not None:
+        # The run's segment ends here: written with the batch's others at its
+        # end, whose statement takes the rows' values then.
         one.version = expected_version + 1
         hint = pending_cleared.get()
         writes.add(batch_writes.Pair(one, one_texts, two, two_texts, expected_version, folds, hint))

@@ -29,6 +29,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
     WorkflowWaitKey,
 )
+from kumiko_workflows.store.arrays import array_param
 from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import _now_sql, engine
 from kumiko_workflows.store.distribution import distributed
@@ -196,7 +197,7 @@ def update_rows(
     """
     with hot_cursor() as cursor:
         if len({tuple(row[len(names) :]) for row in rows}) == len(rows):
-            columns = [list(column) for column in zip(*rows, strict=True)]
+            columns = [array_param(column) for column in zip(*rows, strict=True)]
             cursor.execute(_update_set(model, names, keys), columns)
         else:
             sql, _ = rows_statement(model, "UPDATE", dict.fromkeys(names), dict.fromkeys(keys))

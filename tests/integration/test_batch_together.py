@@ -283,3 +283,53 @@ def test_a_batch_s_events_take_their_ids_in_claim_order_and_each_stream_s_in_ver
     for event in resumed:
         stream = Event.objects.filter(aggregate_id=event.aggregate_id)
         assert list(stream.order_by("id")) == list(stream.order_by("version")), event
+
+
+def test_an_array_bound_as_its_text_reads_as_the_driver_s_list_would():
+    """``array_param``: the set statements' columns bound as an array's text read back as
+    the driver's own list does, for every kind of value they bind (quotes, backslashes,
+    braces, commas, spaces, an empty string, the word NULL, None, a ``TextChoices`` member,
+    psycopg's ``Int4``, an ``IntEnum``, booleans, UUIDs, aware and naive instants); a value
+    of another kind leaves the list to the driver."""
+    import enum
+
+    from psycopg.types.numeric import Int4
+
+    from kumiko_workflows.models import RunStatus
+    from kumiko_workflows.store.arrays import array_param
+
+    class Size(enum.IntEnum):
+        BIG = 7
+
+    at = timezone.now()
+    columns = {
+        "text": [
+            'say "hi"',
+            "back\\slash",
+            "{brace}",
+            "a,b",
+            " padded ",
+            "",
+            "NULL",
+            None,
+            "ünïcode ✓",
+            RunStatus.COMPLETED,
+        ],
+        "int": [0, -3, 2**31 - 1, Int4(4), Size.BIG, None],
+        "bigint": [2**62, -(2**62)],
+        "boolean": [True, False, None],
+        "uuid": [uuid.uuid4(), None],
+        "timestamptz": [at, at.replace(microsecond=0), None],
+        "timestamp": [at.replace(tzinfo=None), None],
+    }
+    with connection.cursor() as cursor:
+        for kind, values in columns.items():
+            bound = array_param(values)
+            assert isinstance(bound, str), (kind, bound)
+            # The driver's list of the same values (it dumps no list of mixed types:
+            # the subclasses as their base types).
+            base = {"text": str.__str__, "int": int}.get(kind)
+            plain = [v if v is None or base is None else base(v) for v in values]
+            cursor.execute(f"SELECT %s::{kind}[], %s::{kind}[]", [bound, plain])
+            assert cursor.fetchone() == (plain, plain), kind
+    assert array_param([1.5, 2]) == [1.5, 2]  # a float: the driver's list, as it was
