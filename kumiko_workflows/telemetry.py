@@ -161,7 +161,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _live() -> Instruments | None:
     """The instruments to record with; None while the global providers are the API's
-    proxies (no SDK set up: nothing is recorded, so no span or attribute is built)."""
+    proxies (no SDK set up: nothing is recorded, so no span or attribute is built).
+
+    In a worker's batch, the answer found at its start (:func:`counting_batch`).
+    """
+    batch = _batch_live.get()
+    if batch is not None:
+        return batch[0]
     active = _active
     if active is None or active is not _global:
         return active
@@ -174,6 +180,10 @@ def _live() -> Instruments | None:
 #: A worker batch's committed counts ((counter, labels) -> n) and resume lags.
 _Tally = tuple[dict[tuple[Any, tuple[tuple[str, Any], ...]], int], list[tuple[float, Any]]]
 _tally: ContextVar[_Tally | None] = ContextVar("kumiko_telemetry_tally", default=None)
+#: :func:`_live`'s answer for a worker's batch, found at its start (None: not in one).
+_batch_live: ContextVar[tuple[Instruments | None] | None] = ContextVar(
+    "kumiko_telemetry_batch_live", default=None
+)
 
 
 @contextmanager
@@ -182,16 +192,21 @@ def counting_batch() -> Iterator[None]:
     one rolled back), are added at the end, one increment per workflow and outcome; the
     lags one by one (a histogram takes values)."""
     active = _live()
-    if active is None:
-        yield
-        return
-    tally: _Tally = ({}, [])
-    token = _tally.set(tally)
+    # Asked a few times a run, the providers' look-up is answered once a batch.
+    resolved = _batch_live.set((active,))
     try:
-        yield
+        if active is None:
+            yield
+            return
+        tally: _Tally = ({}, [])
+        token = _tally.set(tally)
+        try:
+            yield
+        finally:
+            _tally.reset(token)
+            _add(active, tally)
     finally:
-        _tally.reset(token)
-        _add(active, tally)
+        _batch_live.reset(resolved)
 
 
 def _add(active: Instruments, tally: _Tally) -> None:

@@ -330,7 +330,7 @@ def _drain_tenant(
         batch = ResumeReport()
         drained = False
         try:
-            with telemetry.counting_batch(), db.atomic(), fan_in.batched():
+            with db.pinned(), telemetry.counting_batch(), db.atomic(), fan_in.batched():
                 savepoints = needs_savepoints()
                 seconds = float(workflow_settings.BATCH_SECONDS)
                 deadline = time.monotonic() + seconds

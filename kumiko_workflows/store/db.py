@@ -68,7 +68,28 @@ def settings_generation() -> int:
 
 def engine() -> BaseDatabaseWrapper:
     """The engine's connection (this thread's, for :func:`alias`)."""
-    return connections[alias()]
+    pinned = _pinned.get()
+    return pinned if pinned is not None else connections[alias()]
+
+
+#: The engine's connection while a worker batch runs (see :func:`pinned`).
+_pinned: ContextVar[BaseDatabaseWrapper | None] = ContextVar("kumiko_engine", default=None)
+
+
+@contextmanager
+def pinned() -> Iterator[BaseDatabaseWrapper]:
+    """Around a worker batch: :func:`engine` answers with this connection, looked up once.
+
+    The batch's transaction is on it, so it cannot change in the batch;
+    asked several times a run, Django's connection handler costs a look-up
+    in its context-local storage each time.
+    """
+    conn = connections[alias()]
+    token = _pinned.set(conn)
+    try:
+        yield conn
+    finally:
+        _pinned.reset(token)
 
 
 def atomic(*, savepoint: bool = True) -> transaction.Atomic:
