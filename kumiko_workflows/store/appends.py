@@ -182,7 +182,8 @@ def batch_pairs_sql() -> str:
 
     One statement for every run's two events, the columns as arrays: each
     row written only after its stream's expected version (of the same
-    aggregate type), as a run's own append checks, and a version taken left
+    aggregate type), as a run's own append checks (an index probe a row,
+    whatever the table's size or statistics), and a version taken left
     out; returns (id, aggregate_id as text, version) of each row written. The rows
     are inserted in the arrays' order (``ORDER BY`` their ordinal, whatever
     the plan of the check): so the ids follow the versions within a stream,
@@ -208,8 +209,13 @@ def batch_pairs_sql() -> str:
             f"{documents}, {documents}, "
             "%s::text[], %s::timestamptz[], %s::int[], %s::int[]) "
             "WITH ORDINALITY AS x(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, n) "
-            f"WHERE EXISTS (SELECT 1 FROM {table} p WHERE p.tenant_id = x.c0 "
-            "AND p.aggregate_id = x.c1 AND p.version = x.c10 AND p.aggregate_type = x.c2) "
+            # The check is a probe of the stream's version per row (LATERAL … LIMIT 1
+            # is never turned into a join): an EXISTS lets the planner hash the
+            # whole event table, which it picks while the table is small and a
+            # prepared statement keeps as the table grows.
+            f"CROSS JOIN LATERAL (SELECT 1 FROM {table} p WHERE p.tenant_id = x.c0 "
+            "AND p.aggregate_id = x.c1 AND p.version = x.c10 AND p.aggregate_type = x.c2 "
+            "LIMIT 1) AS prior "
             "ORDER BY x.n "
             "ON CONFLICT (tenant_id, aggregate_id, version) DO NOTHING "
             # The stream as text, as row_values names it.
