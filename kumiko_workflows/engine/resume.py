@@ -35,7 +35,7 @@ from kumiko_workflows.models import (
     WorkflowRunPending,
 )
 from kumiko_workflows.projections import children as fan_in
-from kumiko_workflows.store import batch_writes, claims, db, outbox, waiting_pairs
+from kumiko_workflows.store import batch_writes, claims, cursors, db, outbox, waiting_pairs
 from kumiko_workflows.store.dispatch import others_listen_to_post_save
 from kumiko_workflows.store.dispatch import registry as projections
 from kumiko_workflows.store.events import append_event
@@ -134,6 +134,9 @@ def resume_due_runs(
         for each in tenants:
             check_name(each, "tenants", "tenant_id")
     refuse_foreign_transaction()
+    # Statements prepared while the tables were a fraction of their size now are
+    # planned again (store/cursors.py); during the pass, every BATCH_SECONDS.
+    cursors.replan_if_grown()
     report = ResumeReport()
     # Appends committed in a site's transaction whose process died before
     # relaying them, first: the runs they start or wake take part in this pass.
@@ -327,6 +330,7 @@ def _drain_tenant(
         if (remaining is not None and remaining <= 0) or should_stop():
             return False
         size = batch_size if remaining is None else min(batch_size, remaining)
+        cursors.replan_if_grown(every=float(workflow_settings.BATCH_SECONDS))
         batch = ResumeReport()
         drained = False
         try:

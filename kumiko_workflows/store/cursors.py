@@ -1,8 +1,10 @@
-"""The hot statements' cursor: kept open on the connection, preparing what it runs again."""
+"""The hot statements' cursor: kept open on the connection, preparing what it runs again,
+and preparing it anew once the tables it reads have grown."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,6 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
 from kumiko_workflows.conf import workflow_settings
+from kumiko_workflows.models import Event, WorkflowRun, WorkflowRunPending
 from kumiko_workflows.store.db import engine, settings_generation
 from kumiko_workflows.store.distribution import distributed
 
@@ -193,3 +196,59 @@ def lost_prepared_statement(exc: BaseException) -> bool:
 
 #: A prepare threshold no statement reaches (see :class:`_PreparingCursor`).
 _NEVER = 2**62
+
+
+# --- planned again as the tables grow ------------------------------------------------
+#
+# PostgreSQL plans a prepared statement once for any values (its generic plan,
+# after five runs) and keeps that plan until the statement is dropped or a
+# table's definition or statistics change. Where no statistics come (autovacuum
+# off, design rule 12), a plan made while the engine's tables held a few rows
+# (a new site, a worker started on empty tables) may pick a table scan or an
+# index that reads a tenant's every row, cheap then; kept as the tables grow
+# to millions of rows, it reads them all at every run. A table that has doubled
+# since the connection's statements were prepared has them prepared again
+# (``DEALLOCATE ALL``, which psycopg follows): they are planned for the
+# tables' size now, at most once per doubling.
+
+#: The tables whose growth changes the hot statements' plans.
+_TABLES = (Event, WorkflowRun, WorkflowRunPending)
+#: Below this size (bytes) a table counts as this size: a few rows' growth never replans.
+_SMALL = 10 * 8192
+
+#: Per database alias: the driver connection, and its tables' sizes when its plans were made.
+_PLANNED_AT: dict[str, tuple[Any, tuple[int, ...]]] = {}
+
+
+def replan_if_grown(*, every: float | None = None) -> bool:
+    """Drop the engine connection's prepared statements if a table has doubled since they
+    were made (see the comment above); whether it did. One catalog read a call; with
+    ``every`` (seconds), none if the last call in this process was more recent."""
+    global _checked
+    if every is not None and time.monotonic() - _checked < every:
+        return False
+    _checked = time.monotonic()
+    db = engine()
+    if db.queries_logged or not prepares(db):
+        return False  # nothing is prepared while queries are logged (_kept_cursor)
+    tables = [db.ops.quote_name(model._meta.db_table) for model in _TABLES]
+    with db.cursor() as cursor:
+        cursor.execute(
+            "SELECT " + ", ".join(["pg_relation_size(%s::regclass)"] * len(tables)), tables
+        )
+        sizes = tuple(int(size) for size in cursor.fetchone())
+        planned = _PLANNED_AT.get(db.alias)
+        if planned is not None and planned[0] is db.connection:
+            then = planned[1]
+            if not any(now >= 2 * max(was, _SMALL) for now, was in zip(sizes, then, strict=True)):
+                return False
+            cursor.execute("DEALLOCATE ALL")  # psycopg forgets its names with them
+            grown = True
+        else:
+            grown = False  # a connection first seen: its statements are planned from now on
+    _PLANNED_AT[db.alias] = (db.connection, sizes)
+    return grown
+
+
+#: When :func:`replan_if_grown` last read the sizes (``time.monotonic()``).
+_checked = float("-inf")

@@ -103,17 +103,22 @@ def test_steps_that_never_query_cost_no_savepoint(tmp_path):
 
 def _fail_run_status_update_of(run_id):
     """An execute wrapper: the database refuses the status UPDATE of one run (a fault), alone
-    or among a batch's (one statement for many rows, its columns as arrays)."""
+    or among a batch's (one statement for many rows, its columns as arrays, bound as lists or
+    as an array's text)."""
     from django.db import OperationalError
 
-    def values(param):
-        return param if isinstance(param, list) else [param]
+    names = {str(run_id), run_id.hex}
+
+    def names_it(param):
+        if isinstance(param, str):
+            return any(name in param for name in names)
+        values = param if isinstance(param, list) else [param]
+        return bool(names & {str(value) for value in values})
 
     def wrapper(execute, sql, params, many, context):
-        names = {str(run_id), run_id.hex}
         rows = params if many else [params]
         if 'UPDATE "kumiko_workflows_workflowrun"' in sql and any(
-            names & {str(value) for param in row for value in values(param)} for row in rows
+            names_it(param) for row in rows for param in row
         ):
             raise OperationalError("injected: the database refused the statement")
         return execute(sql, params, many, context)

@@ -272,3 +272,104 @@ def test_hot_queries_read_no_more_on_tables_never_analysed(fresh_database, waiti
             allowed = max(allowed, 12 * 2 * waiting)
         assert unanalysed[name] <= allowed, (name, unanalysed, analysed)
         assert generic[name] <= allowed, (name, generic, analysed)
+
+
+#: The workflow of the batch test: a step, a wait (due: the instant is past), a step.
+_DUE = "unanalysed-due"
+
+
+def _seed_due_runs(flow_trigger: str, count: int, template: str | None) -> str:
+    """``count`` due runs of :data:`_DUE`: copies of the run ``template`` (started first
+    through ``append_event`` when None, waiting until tomorrow: never due itself), due an
+    hour ago. Returns the template run's key."""
+    if template is None:
+        template = uuid.uuid4().hex
+        tomorrow = (timezone.now() + timedelta(days=1)).isoformat()
+        append_event(
+            uuid.uuid4(),
+            "test-source",
+            flow_trigger,
+            {"key": template, "at": tomorrow},
+            tenant_id=TENANT,
+        )
+    run_id = run_id_for(_DUE, template, TENANT)
+    # Each call's copies have run ids of their own.
+    salt = f"'{uuid.uuid4().hex}' || "
+    copy_id = f"md5({salt}t.run_id::text || g.i)::uuid"
+    _copy_rows(
+        Event,
+        count,
+        "t.tenant_id = %s AND t.aggregate_id = %s",
+        {"aggregate_id": f"md5({salt}t.aggregate_id::text || g.i)::uuid"},
+        [TENANT, run_id],
+    )
+    _copy_rows(
+        WorkflowRun,
+        count,
+        "t.run_id = %s",
+        {"run_id": copy_id, "idempotency_key": f"{salt}t.idempotency_key || g.i"},
+        [run_id],
+    )
+    earlier = "t.{} - interval '25 hours'"
+    _copy_rows(
+        WorkflowRunPending,
+        count,
+        "t.run_id = %s",
+        {
+            "run_id": copy_id,
+            "wake_at": earlier.format("wake_at"),
+            "claim_at": earlier.format("claim_at"),
+        },
+        [run_id],
+    )
+    return template
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["together", "row_by_row"])
+def test_statements_prepared_on_small_tables_are_planned_again_once_they_have_grown(
+    fresh_database, settings, together
+):
+    """Statements a worker prepared, and PostgreSQL settled on generic plans for, while the
+    tables held a few runs are planned again once the tables have grown (here to 10,000
+    runs, bulk-loaded, never analysed): a batch then reads no more than it does on a
+    connection that prepared them at that size. A kept plan (a scan, or a tenant's index
+    read to its end) reads the tables' every row at every batch."""
+    from kumiko_workflows import define_workflow, on_event, resume_due_runs, steps
+    from kumiko_workflows.workflow.registry import registry
+
+    size, small_batches = 5, 8
+    settings.KUMIKO_WORKFLOWS = {
+        **settings.KUMIKO_WORKFLOWS,
+        "BATCH_TOGETHER": together,
+        "BATCH_SIZE": size,
+    }
+    flow = define_workflow(
+        name=_DUE,
+        trigger=on_event("unanalysed.due"),
+        idempotency_key=lambda event: event.payload["key"],
+        steps=[
+            steps.compute("first", lambda ctx: {"n": 1}),
+            steps.wait(lambda ctx: ctx.event.payload["at"]),
+            steps.compute("second", lambda ctx: ctx.steps["first"]["n"] + 1),
+        ],
+        register=False,
+    )
+
+    def batches(count: int) -> list[int]:
+        return [work(lambda: resume_due_runs(tenant_id=TENANT, limit=size)) for _ in range(count)]
+
+    with registry.override(flow):
+        template = _seed_due_runs("unanalysed.due", small_batches * size, None)
+        # On the small tables: prepared from their second run on, generic after five.
+        batches(small_batches)
+        assert WorkflowRunPending.objects.filter(tenant_id=TENANT).count() == 1  # the template
+        _seed_due_runs("unanalysed.due", 10_000, template)
+        grown = batches(3)
+        connection.close()  # a new connection prepares its statements at this size
+        fresh = batches(3)
+        assert never_analysed()
+    completed = WorkflowRun.objects.filter(tenant_id=TENANT, status="completed").count()
+    assert completed == (small_batches + 6) * size, completed
+    print(f"\ntuples read a batch of {size} at 10,000 runs: {grown}; new connection: {fresh}")
+    # Kept from the small tables, the plans read some 20,000 tuples more a run.
+    assert max(grown) <= max(fresh) + 100, (grown, fresh)
