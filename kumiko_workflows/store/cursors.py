@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 try:
     import psycopg
+    from psycopg.types.datetime import TimestamptzLoader
 except ImportError:  # a site on SQLite need not have it
     psycopg = None  # type: ignore[assignment]
 
@@ -68,11 +70,25 @@ def _kept_cursor(db: BaseDatabaseWrapper) -> tuple[CursorWrapper, bool]:
     if kept is not None and kept[0] == made_for:
         return kept[1], True
     if not logged and prepares(db):
-        cursor = db.make_cursor(_PreparingCursor(db.connection))
+        cursor = db.make_cursor(_preparing(db))
     else:
         cursor = db.cursor()
     attributes["_kumiko_kept_cursor"] = (made_for, cursor)
     return cursor, True
+
+
+def _preparing(db: BaseDatabaseWrapper) -> Any:
+    """A :class:`_PreparingCursor` on ``db``'s connection, loading instants as Django would.
+
+    Django loads ``timestamptz`` with psycopg's Python loader and then puts
+    its own zone on each value. Where that zone is UTC and so is the
+    session's, psycopg's compiled loader gives the same values (zone
+    ``timezone.utc``) at a fraction of the cost, a few times a claimed row.
+    """
+    cursor = _PreparingCursor(db.connection)
+    if db.timezone is UTC and db.connection.info.parameter_status("TimeZone") == "UTC":
+        cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+    return cursor
 
 
 def prepares(db: BaseDatabaseWrapper) -> bool:

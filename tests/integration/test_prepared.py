@@ -303,3 +303,30 @@ def test_an_awaited_append_whose_prepared_insert_the_server_lost_runs_again_at_i
         assert et.WAKE_REQUESTED in types_of(run_id_for("t-event", event.payload["run_key"]))
     (warning,) = _pooler_warnings(warnings_once)
     assert "does not exist" in warning
+
+
+@pytest.mark.not_citus(reason=NOT_PREPARED)
+@pytest.mark.postgres
+def test_instants_the_hot_statements_read_are_the_ones_django_reads():
+    """The hot statements' cursor loads ``timestamptz`` with psycopg's compiled loader where
+    Django's zone and the session's are UTC: the same instants, in the same zone object, as
+    Django's own cursors read (microseconds, other offsets, before 1970, far ahead, null)."""
+    from kumiko_workflows.store.cursors import hot_cursor
+
+    query = (
+        "SELECT now(), '2026-01-01 10:00:00.5+05'::timestamptz, "
+        "'1969-07-20 20:17:40.000001-04'::timestamptz, '9999-12-31 23:59:59.999999Z'::timestamptz, "
+        "NULL::timestamptz"
+    )
+    with transaction.atomic():  # one now()
+        with hot_cursor() as cursor:
+            cursor.execute(query)
+            hot = cursor.fetchone()
+            loader = cursor.cursor.adapters.get_loader(1184, 0)  # timestamptz, text
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            django = cursor.fetchone()
+    assert loader.__module__.startswith("psycopg_"), loader  # the compiled one: what changed
+    assert hot == django
+    assert [v.tzinfo for v in hot[:4]] == [v.tzinfo for v in django[:4]]
+    assert all(v.tzinfo is django[0].tzinfo for v in hot[:4])
