@@ -2,7 +2,7 @@
 
 A batch's set statements bind each column as an array (``unnest(%s::uuid[],
 …)``). psycopg dumps a Python list element by element in Python, about two
-microseconds an element; a batch of 50 runs binds some 1,500. The text form
+microseconds an element; a batch of 50 runs binds some 1,300. The text form
 (``{"a","b",NULL}``) is built here with a join over values whose text needs
 no escaping beyond quotes and backslashes, at a tenth of that cost, and the
 statement's cast (``::uuid[]``) makes the server parse it as the column's
@@ -26,6 +26,17 @@ def array_param(values: Sequence[Any]) -> str | list[Any]:
     JSON wrapper) leaves them as a list for the driver to dump, so nothing is
     ever bound in a form the column would read differently.
     """
+    kinds = set(map(type, values))
+    if len(kinds) == 1:
+        # A column of one exact type (the usual case): joined in one go.
+        kind = kinds.pop()
+        if kind is str:
+            if '"' not in (text := "".join(values)) and "\\" not in text:
+                return '{"' + '","'.join(values) + '"}'
+        elif kind is int or kind is uuid.UUID:
+            return "{" + ",".join(map(str, values)) + "}"
+        elif kind is datetime:
+            return "{" + ",".join([value.isoformat() for value in values]) + "}"
     parts = []
     for value in values:
         if isinstance(value, str):

@@ -302,28 +302,38 @@ def test_an_array_bound_as_its_text_reads_as_the_driver_s_list_would():
         BIG = 7
 
     at = timezone.now()
-    columns = {
-        "text": [
-            'say "hi"',
-            "back\\slash",
-            "{brace}",
-            "a,b",
-            " padded ",
-            "",
-            "NULL",
-            None,
-            "ünïcode ✓",
-            RunStatus.COMPLETED,
-        ],
-        "int": [0, -3, 2**31 - 1, Int4(4), Size.BIG, None],
-        "bigint": [2**62, -(2**62)],
-        "boolean": [True, False, None],
-        "uuid": [uuid.uuid4(), None],
-        "timestamptz": [at, at.replace(microsecond=0), None],
-        "timestamp": [at.replace(tzinfo=None), None],
-    }
+    # (the column's type, its values): mixed kinds go element by element, one exact
+    # type is joined at once (a string with a quote still quoted apart).
+    columns = [
+        (
+            "text",
+            [
+                'say "hi"',
+                "back\\slash",
+                "{brace}",
+                "a,b",
+                " padded ",
+                "",
+                "NULL",
+                None,
+                "ünïcode ✓",
+                RunStatus.COMPLETED,
+            ],
+        ),
+        ("varchar", ["plain", "with space", "", "NULL", "{ü,n}"]),
+        ("varchar", [uuid.uuid4().hex, 'a "quote" in one', "a \\ in another"]),
+        ("int", [0, -3, 2**31 - 1, Int4(4), Size.BIG, None]),
+        ("int", [0, -3, 2**31 - 1]),
+        ("bigint", [2**62, -(2**62)]),
+        ("boolean", [True, False, None]),
+        ("uuid", [uuid.uuid4(), None]),
+        ("uuid", [uuid.uuid4(), uuid.uuid4()]),
+        ("timestamptz", [at, at.replace(microsecond=0), None]),
+        ("timestamptz", [at, at.replace(microsecond=0)]),
+        ("timestamp", [at.replace(tzinfo=None), None]),
+    ]
     with connection.cursor() as cursor:
-        for kind, values in columns.items():
+        for kind, values in columns:
             bound = array_param(values)
             assert isinstance(bound, str), (kind, bound)
             # The driver's list of the same values (it dumps no list of mixed types:
@@ -331,5 +341,5 @@ def test_an_array_bound_as_its_text_reads_as_the_driver_s_list_would():
             base = {"text": str.__str__, "int": int}.get(kind)
             plain = [v if v is None or base is None else base(v) for v in values]
             cursor.execute(f"SELECT %s::{kind}[], %s::{kind}[]", [bound, plain])
-            assert cursor.fetchone() == (plain, plain), kind
+            assert cursor.fetchone() == (plain, plain), (kind, values)
     assert array_param([1.5, 2]) == [1.5, 2]  # a float: the driver's list, as it was
