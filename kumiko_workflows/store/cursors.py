@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC
@@ -232,8 +233,11 @@ _TABLES = (Event, WorkflowRun, WorkflowRunPending)
 #: Below this size (bytes) a table counts as this size: a few rows' growth never replans.
 _SMALL = 10 * 8192
 
-#: Per database alias: the driver connection, and its tables' sizes when its plans were made.
-_PLANNED_AT: dict[str, tuple[Any, tuple[int, ...]]] = {}
+#: Per connection (Django's, one a thread): its driver connection, and the tables' sizes
+#: when that one's plans were made.
+_PLANNED_AT: weakref.WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, tuple[int, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def replan_if_grown(*, every: float | None = None) -> bool:
@@ -253,7 +257,7 @@ def replan_if_grown(*, every: float | None = None) -> bool:
             "SELECT " + ", ".join(["pg_relation_size(%s::regclass)"] * len(tables)), tables
         )
         sizes = tuple(int(size) for size in cursor.fetchone())
-        planned = _PLANNED_AT.get(db.alias)
+        planned = _PLANNED_AT.get(db)
         if planned is not None and planned[0] is db.connection:
             then = planned[1]
             if not any(now >= 2 * max(was, _SMALL) for now, was in zip(sizes, then, strict=True)):
@@ -262,7 +266,7 @@ def replan_if_grown(*, every: float | None = None) -> bool:
             grown = True
         else:
             grown = False  # a connection first seen: its statements are planned from now on
-    _PLANNED_AT[db.alias] = (db.connection, sizes)
+    _PLANNED_AT[db] = (db.connection, sizes)
     return grown
 
 
