@@ -274,11 +274,11 @@ def test_hot_queries_read_no_more_on_tables_never_analysed(fresh_database, waiti
         assert generic[name] <= allowed, (name, generic, analysed)
 
 
-#: The workflow of the batch test: a step, a wait (due: the instant is past), a step.
-_DUE = "unanalysed-due"
+#: The workflow of the re-planning test (a step, a wait, a step) and its trigger's type.
+_DUE, _DUE_TRIGGER = "unanalysed-due", "unanalysed.due"
 
 
-def _seed_due_runs(flow_trigger: str, count: int, template: str | None) -> str:
+def _seed_due_runs(count: int, template: str | None) -> str:
     """``count`` due runs of :data:`_DUE`: copies of the run ``template`` (started first
     through ``append_event`` when None, waiting until tomorrow: never due itself), due an
     hour ago. Returns the template run's key."""
@@ -288,7 +288,7 @@ def _seed_due_runs(flow_trigger: str, count: int, template: str | None) -> str:
         append_event(
             uuid.uuid4(),
             "test-source",
-            flow_trigger,
+            _DUE_TRIGGER,
             {"key": template, "at": tomorrow},
             tenant_id=TENANT,
         )
@@ -345,7 +345,7 @@ def test_statements_prepared_on_small_tables_are_planned_again_once_they_have_gr
     }
     flow = define_workflow(
         name=_DUE,
-        trigger=on_event("unanalysed.due"),
+        trigger=on_event(_DUE_TRIGGER),
         idempotency_key=lambda event: event.payload["key"],
         steps=[
             steps.compute("first", lambda ctx: {"n": 1}),
@@ -359,11 +359,11 @@ def test_statements_prepared_on_small_tables_are_planned_again_once_they_have_gr
         return [work(lambda: resume_due_runs(tenant_id=TENANT, limit=size)) for _ in range(count)]
 
     with registry.override(flow):
-        template = _seed_due_runs("unanalysed.due", small_batches * size, None)
+        template = _seed_due_runs(small_batches * size, None)
         # On the small tables: prepared from their second run on, generic after five.
         batches(small_batches)
         assert WorkflowRunPending.objects.filter(tenant_id=TENANT).count() == 1  # the template
-        _seed_due_runs("unanalysed.due", 10_000, template)
+        _seed_due_runs(10_000, template)
         grown = batches(3)
         connection.close()  # a new connection prepares its statements at this size
         fresh = batches(3)
@@ -371,5 +371,5 @@ def test_statements_prepared_on_small_tables_are_planned_again_once_they_have_gr
     completed = WorkflowRun.objects.filter(tenant_id=TENANT, status="completed").count()
     assert completed == (small_batches + 6) * size, completed
     print(f"\ntuples read a batch of {size} at 10,000 runs: {grown}; new connection: {fresh}")
-    # Kept from the small tables, the plans read some 20,000 tuples more a run.
+    # Kept from the small tables, the plans read tens of thousands of tuples more a batch.
     assert max(grown) <= max(fresh) + 100, (grown, fresh)
