@@ -330,13 +330,13 @@ def _drain_tenant(
         if (remaining is not None and remaining <= 0) or should_stop():
             return False
         size = batch_size if remaining is None else min(batch_size, remaining)
-        cursors.replan_if_grown(every=float(workflow_settings.BATCH_SECONDS))
+        seconds = float(workflow_settings.BATCH_SECONDS)
+        cursors.replan_if_grown(every=seconds)
         batch = ResumeReport()
         drained = False
         try:
             with db.pinned(), telemetry.counting_batch(), db.atomic(), fan_in.batched():
                 savepoints = needs_savepoints()
-                seconds = float(workflow_settings.BATCH_SECONDS)
                 deadline = time.monotonic() + seconds
                 ahead = Ahead(size, deadline, should_stop, savepoints, _commits_per_run)
                 writes: batch_writes.BatchWrites | None = None
