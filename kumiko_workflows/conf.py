@@ -1,7 +1,12 @@
 """The ``KUMIKO_WORKFLOWS`` settings dict, read lazily with documented defaults.
 
-Every attribute access reads ``django.conf.settings`` again, so
-``override_settings`` and pytest-django's ``settings`` fixture just work.
+Read on first use and again whenever the settings change
+(``setting_changed``: ``override_settings`` and pytest-django's ``settings``
+fixture's assignments send it), so both just work; a lookup costs a dict's,
+not a read of ``django.conf.settings`` (microseconds, several times a resumed
+run). As with Django's own settings caches, a change that sends no signal
+(the dict mutated in place, pytest-django's ``del settings.KUMIKO_WORKFLOWS``)
+is not seen.
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
     # The database alias the engine's tables live on. Another than "default"
@@ -78,17 +85,33 @@ DEFAULTS: dict[str, Any] = {
 class WorkflowSettings:
     """Attribute access to ``settings.KUMIKO_WORKFLOWS`` with defaults."""
 
+    def __init__(self) -> None:
+        #: Every setting's value, the site's or the default (None: read on next use).
+        self._values: dict[str, Any] | None = None
+
     def user_settings(self) -> dict[str, Any]:
         value = getattr(django_settings, "KUMIKO_WORKFLOWS", None) or {}
         return dict(value)
 
     def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
-            raise AttributeError(f"KUMIKO_WORKFLOWS has no setting {name!r}")
-        return self.user_settings().get(name, DEFAULTS[name])
+        values = self._values
+        if values is None:
+            user = self.user_settings()
+            values = {key: user.get(key, default) for key, default in DEFAULTS.items()}
+            self._values = values
+        try:
+            return values[name]
+        except KeyError:
+            raise AttributeError(f"KUMIKO_WORKFLOWS has no setting {name!r}") from None
 
 
 workflow_settings = WorkflowSettings()
+
+
+@receiver(setting_changed)
+def _reread(*, setting: str, **kwargs: Any) -> None:
+    if setting == "KUMIKO_WORKFLOWS":
+        workflow_settings._values = None
 
 
 def import_callable(value: Any, setting: str) -> Any:
