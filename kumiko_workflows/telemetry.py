@@ -71,6 +71,15 @@ _OUTCOMES = {
 }
 
 
+#: The run counter (an :class:`Instruments` attribute) each run event adds one to.
+_COUNTED = {
+    et.RUN_STARTED: "started",
+    et.RUN_COMPLETED: "completed",
+    et.RUN_FAILED: "failed",
+    et.RUN_CANCELLED: "cancelled",
+}
+
+
 def outcome_of(event_type: str) -> str | None:
     """The outcome label a run event gives its segment's span, or None (it changes none)."""
     found = _OUTCOMES.get(event_type)
@@ -385,13 +394,9 @@ def appended(stream: Any, type: str, payload: dict[str, Any]) -> None:
         if type == et.RUN_FAILED:
             reason = payload.get("reason") or ""
             _error(segment.span, payload.get("error_class") or reason, reason)
-    counter = {
-        et.RUN_STARTED: active.started,
-        et.RUN_COMPLETED: active.completed,
-        et.RUN_FAILED: active.failed,
-        et.RUN_CANCELLED: active.cancelled,
-    }.get(type)
-    if counter is not None:
+    counted = _COUNTED.get(type)
+    if counted is not None:
+        counter = getattr(active, counted)
         labels = {WORKFLOW: stream.workflow_name}
         if type == et.RUN_FAILED:
             labels[REASON] = payload.get("reason") or ""
