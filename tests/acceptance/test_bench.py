@@ -91,7 +91,7 @@ def assert_result_lines(output: str) -> None:
             re.M,
         ), output
     # With 20 rows the planner may rightly prefer a sequential scan.
-    assert re.search(r"^SCAN ms=[\d.]+ index=(yes|no)$", output, re.M), output
+    assert re.search(r"^SCAN ms=[\d.]+ orm_ms=[\d.]+ index=(yes|no)$", output, re.M), output
     if on_postgres():
         assert re.search(r"^RESULT name=kumiko_wake n=20 ", output, re.M), output
         assert re.search(r"^RATIO name=drain_2 value=", output, re.M), output
