@@ -38,6 +38,7 @@ from kumiko_workflows.store.event_checks import (
     _json_object,
     _name,
 )
+from kumiko_workflows.store.statement_cache import new_instance
 from kumiko_workflows.store.stream_ids import (
     ENGINE_STREAMS,
     _as_uuid,
@@ -196,19 +197,22 @@ def prepared_event(
     # The next version is only known once inserted.
     version: Any = None if expected_version is None else expected_version + 1
     # Positional, in field order (_FIELDS): the keyword form looks up every
-    # field by name and calls each default.
-    event = Event(
-        None,
-        tenant,
-        aggregate,
-        aggregate_type,
-        version,
-        type,
-        event_version,
-        clean_payload,
-        clean_metadata,
-        created_by,
-        created_at,
+    # field by name and calls each default (new_instance: Event(*values)'s).
+    event = new_instance(
+        Event,
+        (
+            None,
+            tenant,
+            aggregate,
+            aggregate_type,
+            version,
+            type,
+            event_version,
+            clean_payload,
+            clean_metadata,
+            created_by,
+            created_at,
+        ),
     )
     return event, (payload_text, metadata_text)
 
