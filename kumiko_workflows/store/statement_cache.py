@@ -77,12 +77,13 @@ def new_instance(model: type[Any], values: Sequence[Any], db: str | None = None)
     if len(values) != len(names):
         raise IndexError(f"{model.__name__} takes {len(names)} values, not {len(values)}")
     instance = object.__new__(model)
-    fields = instance.__dict__
-    fields.update(zip(names, values, strict=True))
-    state = fields["_state"] = ModelState()
+    state = ModelState()
     if db is not None:
         state.adding = False
         state.db = db
+    fields = instance.__dict__
+    fields["_state"] = state  # first, as Model.__init__ sets it
+    fields.update(zip(names, values, strict=True))
     return instance
 
 

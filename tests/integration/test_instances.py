@@ -28,6 +28,7 @@ def test_a_new_event_is_what_its_constructor_makes():
     made, django = new_instance(Event, values), Event(*values)
 
     assert _values(Event, made) == _values(Event, django)
+    assert list(vars(made)) == list(vars(django))  # nothing more, nothing less, same order
     assert (made._state.adding, made._state.db) == (True, None)
     made.save()  # the ORM takes it as one of its own
     assert Event.objects.get(pk=made.pk).payload == {"n": 1}
@@ -40,6 +41,7 @@ def test_a_loaded_row_is_what_from_db_makes():
     django = WorkflowRunPending.from_db("default", None, values)
 
     assert _values(WorkflowRunPending, made) == _values(WorkflowRunPending, django)
+    assert list(vars(made)) == list(vars(django))
     assert (made._state.adding, made._state.db) == (False, "default")
     with pytest.raises(IndexError, match="WorkflowRunPending takes"):
         new_instance(WorkflowRunPending, values[:-1], "default")
