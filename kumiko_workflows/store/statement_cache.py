@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.core.signals import setting_changed
+from django.db.models import Model
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.dispatch import receiver
@@ -92,8 +93,6 @@ def _plain_names(model: type[Any]) -> tuple[str, ...] | None:
     (no field's class attribute takes assignments itself, no ``__init__`` or ``from_db``
     of the model's own); None otherwise."""
     if model not in _PLAIN:
-        from django.db.models import Model
-
         names = tuple(field.attname for field in model._meta.concrete_fields)
         own = any(
             "__init__" in vars(cls) or "from_db" in vars(cls)

@@ -11,7 +11,7 @@ statement cache, with identifiers quoted and values as parameters only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +33,7 @@ from kumiko_workflows.store.arrays import array_param
 from kumiko_workflows.store.cursors import hot_cursor
 from kumiko_workflows.store.db import _now_sql, engine
 from kumiko_workflows.store.distribution import distributed
+from kumiko_workflows.store.field_values import preparer
 from kumiko_workflows.store.statement_cache import _instance_of, statement
 from kumiko_workflows.store.wake_checks import wait_paths_cte
 from kumiko_workflows.workflow.event_types import CALL_AGGREGATE_TYPE, RUN_AGGREGATE_TYPE
@@ -175,13 +176,15 @@ def row_params(model: type[Any], values: dict[str, Any], where: dict[str, Any]) 
     """The parameters of a :func:`rows_statement` (the values, then the conditions), each
     prepared by its field."""
     key = (model, tuple(values), tuple(where))
-    fields = _FIELDS.get(key)
-    if fields is None:
-        fields = _FIELDS[key] = tuple(model._meta.get_field(name) for name in (*values, *where))
+    prepare = _PREPARERS.get(key)
+    if prepare is None:
+        prepare = _PREPARERS[key] = tuple(
+            preparer(model._meta.get_field(name)) for name in (*values, *where)
+        )
     conn = engine()
     return [
-        field.get_db_prep_save(value, conn)
-        for field, value in zip(fields, (*values.values(), *where.values()), strict=True)
+        prep(value, conn)
+        for prep, value in zip(prepare, (*values.values(), *where.values()), strict=True)
     ]
 
 
@@ -236,9 +239,9 @@ def _array_of(field: Any, conn: Any) -> str:
     return f"{field.db_type(conn)}[]"
 
 
-#: The fields of a :func:`rows_statement`'s values and conditions, per model and
-#: names: looked up once (the statement runs once per resumed run).
-_FIELDS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+#: How each value and condition of a :func:`rows_statement` is prepared, per model and
+#: names: its field's, found once (the statement runs once per resumed run).
+_PREPARERS: dict[tuple[Any, ...], tuple[Callable[[Any, Any], Any], ...]] = {}
 
 
 def write_rows(model: type[Any], verb: str, values: dict[str, Any], where: dict[str, Any]) -> None:
