@@ -33,6 +33,8 @@ class WorkflowRegistry:
         #: Bumped on every change of the definitions: what others derived from them
         #: (the projections' matches per event type) is stale once it moves.
         self.generation = 0
+        #: Whether Django's app registry was found ready (it stays so once it is).
+        self._apps_ready = False
 
     def _changed(self) -> None:
         self.generation += 1
@@ -71,12 +73,14 @@ class WorkflowRegistry:
         self._changed()
         return workflow
 
-    @staticmethod
-    def _check_ready() -> None:
+    def _check_ready(self) -> None:
+        if self._apps_ready:
+            return  # ready once, ready for good: not asked again on every look-up
         from django.apps import apps
 
         if not apps.ready:
             raise RegistryNotReady()
+        self._apps_ready = True
 
     def get(self, name: str, version: int | None = None) -> Workflow | None:
         """The definition of ``name`` at ``version``; None: the highest (new runs start on it)."""

@@ -425,7 +425,10 @@ def test_define_workflow_refuses_a_name_the_project_already_uses():
 
 
 def test_the_registry_before_apps_are_ready_says_how_to_fix_it(monkeypatch):
+    # As in a process that has not called django.setup() yet (once the registry
+    # has found the apps ready, it does not ask again).
     monkeypatch.setattr(apps, "ready", False)
+    monkeypatch.setattr(registry, "_apps_ready", False)
 
     with pytest.raises(RegistryNotReady) as info:
         registry.get("t-wait")
