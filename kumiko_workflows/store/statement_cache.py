@@ -68,8 +68,8 @@ def new_instance(model: type[Any], values: Sequence[Any], db: str | None = None)
     Where no receiver of ``pre_init`` or ``post_init`` is connected and each
     field's attribute is a plain one, the values go into the instance's
     ``__dict__`` in one step, which is all ``Model.__init__`` would do with
-    them one by one (a third of the time for an event, 26 fields of a pending
-    row a fifth of it). Otherwise, or for a model with its own ``from_db``,
+    them one by one (in about half the time, for an event or a pending row).
+    Otherwise, or for a model with its own ``__init__`` or ``from_db``,
     Django's own way.
     """
     names = _plain_names(model)
